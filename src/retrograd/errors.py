@@ -1,0 +1,35 @@
+"""User-facing errors.
+
+Every error a user can cause is a RetrogradError subclass whose message names the place:
+a config key (`[grpo].group_size = 1: must be 2 to 256`), a file and line
+(`data.jsonl:17: missing "messages"`), or a GGUF file and tensor. `assert` is kept for our
+own invariants; nothing here knows about torch.
+"""
+
+
+class RetrogradError(Exception):
+    """Base of every error caused by input; the CLI prints it without a traceback."""
+
+
+class ConfigError(RetrogradError):
+    """A run file or a command-line flag is invalid."""
+
+
+class GGUFError(RetrogradError):
+    """A GGUF file cannot be read, or holds something we do not support."""
+
+
+class UnsupportedError(GGUFError):
+    """A GGUF uses an architecture, tensor type or tokenizer we do not support."""
+
+
+class TokenizerError(RetrogradError):
+    """A vocabulary or chat template cannot be built or rendered."""
+
+
+class DataError(RetrogradError):
+    """A dataset record is malformed; the message names file and line."""
+
+
+class DeviceError(RetrogradError):
+    """The requested device is not available."""
