@@ -1,0 +1,85 @@
+"""What each architecture does differently, as one table of facts.
+
+The decoder reads these facts once at construction and never tests `arch ==` in the forward
+pass. Facts mirror llama.cpp's graph builders (src/models/<arch>.cpp in its tree): the rope
+pairing on the file's own row order, the FFN activation, where norms sit, and the defaults
+llama.cpp assumes when a metadata key is absent. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROPE_NORM = "norm"  # rotate consecutive pairs (2i, 2i+1): llama after the converter's permutation
+ROPE_NEOX = "neox"  # rotate half: pairs (i, i + n_rot/2)
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    name: str
+    rope: str
+    ffn_act: str  # "silu" or "gelu_tanh"; applied to the gate, times up
+    fused_qkv: bool = False  # phi3: one attn_qkv tensor
+    fused_gate_up: bool = False  # phi3: ffn_up holds gate then up
+    qk_norm: bool = False  # per-head RMSNorm of q and k before rope (qwen3, gemma3)
+    sandwich_norms: bool = False  # post_attention_norm and post_ffw_norm (gemma2, gemma3)
+    embed_scale: bool = False  # multiply embeddings by sqrt(n_embd) (gemma)
+    attn_softcap: bool = False  # tanh soft-capping of attention scores (gemma2)
+    final_softcap_default: float = 0.0  # soft-capping of logits when the key is absent
+    swa_pattern_default: int = 0  # sliding-window layer pattern; 0 means no window
+    swa_default: int = 0  # window when the key is absent
+    swa_needs_key: bool = True  # gemma3 uses a window only when the file names one
+    big_model_head_scale_layers: int = -1  # n_layer at which q scale is 1/sqrt(n_embd/n_head)
+    rope_freqs_tensor: bool = False  # llama 3: rope_freqs.weight divides the frequencies
+    lora_targets_auto: tuple[str, ...] = ("q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down")
+
+
+ARCHS: dict[str, ArchFacts] = {
+    "llama": ArchFacts("llama", ROPE_NORM, "silu", rope_freqs_tensor=True),
+    "qwen2": ArchFacts("qwen2", ROPE_NEOX, "silu"),
+    "qwen3": ArchFacts("qwen3", ROPE_NEOX, "silu", qk_norm=True),
+    "gemma3": ArchFacts(
+        "gemma3",
+        ROPE_NEOX,
+        "gelu_tanh",
+        qk_norm=True,
+        sandwich_norms=True,
+        embed_scale=True,
+        swa_pattern_default=6,
+        big_model_head_scale_layers=62,
+    ),
+    "gemma2": ArchFacts(
+        "gemma2",
+        ROPE_NEOX,
+        "gelu_tanh",
+        sandwich_norms=True,
+        embed_scale=True,
+        attn_softcap=True,
+        final_softcap_default=30.0,
+        swa_pattern_default=2,
+        swa_default=4096,
+        swa_needs_key=False,
+        big_model_head_scale_layers=46,
+    ),
+    "phi3": ArchFacts(
+        "phi3",
+        ROPE_NEOX,
+        "silu",
+        fused_qkv=True,
+        fused_gate_up=True,
+        lora_targets_auto=("qkv", "o", "ffn_up", "ffn_down"),
+    ),
+}
+
+# LoRA target aliases -> the GGUF tensor suffix they stand for.
+TARGET_ALIASES: dict[str, str] = {
+    "q": "attn_q",
+    "k": "attn_k",
+    "v": "attn_v",
+    "o": "attn_output",
+    "qkv": "attn_qkv",
+    "ffn_gate": "ffn_gate",
+    "ffn_up": "ffn_up",
+    "ffn_down": "ffn_down",
+    "output": "output",
+}

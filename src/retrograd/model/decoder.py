@@ -1,0 +1,247 @@
+"""One decoder for every supported architecture, with modules named after GGUF tensors.
+
+`Decoder.blk[3].attn_q` is the module of `blk.3.attn_q.weight`, so tensor patterns in a run
+file match module paths and adapters export with no renaming. Differences between
+architectures come from `ModelConfig.arch` (a facts table), read once at construction.
+
+Precision: the residual stream, norms, rope, logits and soft-capping are float32; matmuls and
+attention run in `compute_dtype` (bfloat16 for speed, float32 for exactness). The decoder
+knows nothing about tokenizers, sampling or losses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from retrograd.model.config import ModelConfig
+from retrograd.model.frozen import FrozenTensor, frozen_linear
+from retrograd.model.kv_cache import KVCache
+from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm
+from retrograd.model.rope import apply_rope, rope_angles
+
+
+class Block(nn.Module):
+    """One transformer layer. Optional parts are None when the architecture lacks them."""
+
+    def __init__(self, cfg: ModelConfig, il: int, parts: dict[str, nn.Module]):
+        super().__init__()
+        self.cfg = cfg
+        self.il = il
+        self.swa = cfg.swa_layers[il]
+        for name in (
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_qkv",
+            "attn_q_norm",
+            "attn_k_norm",
+            "attn_output",
+            "post_attention_norm",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+            "post_ffw_norm",
+        ):
+            setattr(self, name, parts.get(name))
+        self.act = ACTIVATIONS[cfg.arch.ffn_act]
+
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        B, T, _ = h.shape
+        if self.attn_qkv is not None:
+            q_len, kv_len = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+            q, k, v = self.attn_qkv(h).split([q_len, kv_len, cfg.n_head_kv * cfg.head_dim_v], -1)
+        else:
+            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        q = q.view(B, T, cfg.n_head, cfg.head_dim)  # (B, T, H, D)
+        k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
+        v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
+        if self.attn_q_norm is not None:
+            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
+        return q, k, v
+
+    def attention(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        cfg, dtype = self.cfg, ctx.dtype
+        h = self.attn_norm(x).to(dtype)
+        q, k, v = self.qkv(h)
+        cos, sin = ctx.rope_swa if self.swa else ctx.rope
+        q = apply_rope(q, cos, sin, cfg.arch.rope) * cfg.attn_scale
+        k = apply_rope(k, cos, sin, cfg.arch.rope)
+        q = q.to(dtype).transpose(1, 2)  # (B, H, T, D)
+        k = k.to(dtype).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.to(dtype).transpose(1, 2)
+        if ctx.cache is not None:
+            k, v = ctx.cache.update(self.il, k, v, ctx.start)  # (B, H_kv, S, D)
+        mask = ctx.mask_swa if self.swa else ctx.mask
+        if cfg.attn_softcap:
+            o = _softcap_attention(q, k, v, mask, cfg.attn_softcap)
+        else:
+            o = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None and q.shape[2] > 1,
+                scale=1.0,
+                enable_gqa=k.shape[1] != q.shape[1],
+            )
+        B, H, T, D = o.shape
+        o = self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
+        if self.post_attention_norm is not None:
+            return self.post_attention_norm(o)
+        return o.float()
+
+    def ffn(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = self.ffn_norm(x).to(ctx.dtype)
+        if self.ffn_gate is None:  # fused gate and up (phi3)
+            gate, up = self.ffn_up(h).chunk(2, dim=-1)
+        else:
+            gate, up = self.ffn_gate(h), self.ffn_up(h)
+        y = self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
+        if self.post_ffw_norm is not None:
+            return self.post_ffw_norm(y)
+        return y.float()
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.attention(x, ctx)
+        return x + self.ffn(x, ctx)
+
+
+def _softcap_attention(q, k, v, mask, cap: float) -> torch.Tensor:
+    """Attention with tanh soft-capped scores (gemma2); SDPA has no hook for it."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    scores = q.float() @ k.float().transpose(-1, -2)  # (B, H, T, S)
+    scores = torch.tanh(scores / cap) * cap
+    T, S = scores.shape[-2:]
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+
+
+class ForwardContext:
+    """Per-call values shared by all layers: rope tables, masks, cache, dtypes."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        T: int,
+        start: int,
+        cache: KVCache | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        freq_factors: torch.Tensor | None,
+        f16_gelu: bool,
+        key_mask: torch.Tensor | None,
+    ):
+        self.dtype, self.cache, self.start, self.f16_gelu = dtype, cache, start, f16_gelu
+        positions = torch.arange(start, start + T, device=device)
+        self.rope = rope_angles(
+            positions, cfg.n_rot, cfg.rope_base, cfg.rope_freq_scale, freq_factors
+        )
+        self.rope_swa = self.rope
+        if any(cfg.swa_layers):
+            self.rope_swa = rope_angles(
+                positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_freq_scale, freq_factors
+            )
+        S = start + T
+        needs_mask = cache is not None and start > 0 or key_mask is not None
+        self.mask = _causal_mask(T, S, 0, device, key_mask) if needs_mask else None
+        self.mask_swa = self.mask
+        if cfg.swa_window and S > cfg.swa_window:
+            self.mask_swa = _causal_mask(T, S, cfg.swa_window, device, key_mask)
+
+
+def _causal_mask(T: int, S: int, window: int, device, key_mask) -> torch.Tensor:
+    """(T, S) or (B, 1, T, S) bool, True where query t (at S - T + t) may see key s."""
+    p1 = torch.arange(S - T, S, device=device)[:, None]
+    p0 = torch.arange(S, device=device)[None, :]
+    mask = p0 <= p1
+    if window:
+        mask &= (p1 - p0) < window
+    if key_mask is not None:  # (B, S): False for padding keys
+        mask = mask[None, None] & key_mask[:, None, None, :]
+    return mask
+
+
+class Decoder(nn.Module):
+    """ids (B, T) -> hidden states after output_norm (B, T, n_embd) float32; `head` -> logits."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        token_embd: FrozenTensor,
+        blocks: list[Block],
+        output_norm: RMSNorm,
+        output: Linear | None,
+        freq_factors: torch.Tensor | None = None,
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.token_embd = token_embd
+        self.blk = nn.ModuleList(blocks)
+        self.output_norm = output_norm
+        self.output = output
+        self.register_buffer("rope_freqs", freq_factors, persistent=False)
+        self.compute_dtype = torch.float32
+        self.f16_gelu = True
+        self.embed_scale = math.sqrt(cfg.n_embd) if cfg.arch.embed_scale else 1.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_embd.device
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        self.compute_dtype = dtype
+        # llama.cpp's CPU GELU table only matters where we match it digit for digit.
+        self.f16_gelu = dtype == torch.float32
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.token_embd.rows(ids, torch.float32)  # (B, T, n_embd)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: int = 0,
+        cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, T = ids.shape
+        ctx = ForwardContext(
+            self.cfg,
+            T,
+            start,
+            cache,
+            self.compute_dtype,
+            ids.device,
+            self.rope_freqs,
+            self.f16_gelu,
+            key_mask,
+        )
+        x = self.embed(ids)
+        for block in self.blk:
+            x = block(x, ctx)
+        if cache is not None:
+            cache.length = start + T
+        return self.output_norm(x)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., n_embd) -> logits (..., n_vocab) float32."""
+        h = h.to(self.compute_dtype)
+        if self.output is not None:
+            logits = self.output(h).float()
+        else:
+            logits = frozen_linear(h, self.token_embd).float()
+        cap = self.cfg.final_softcap
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

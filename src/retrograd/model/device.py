@@ -1,0 +1,107 @@
+"""Device and thread selection: `auto`, `cpu` or `gpu`, and the compute dtype each one gets.
+
+Knows torch's device queries and the RETRO_THREADS variable; nothing about models.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from retrograd.errors import ConfigError, DeviceError
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name}: must be one of auto, cpu, gpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if gpu_available():
+        return torch.device("cuda")
+    if name == "gpu":
+        raise DeviceError(
+            "--device gpu: no GPU is available to PyTorch (torch.cuda.is_available() is False); "
+            "use --device cpu or auto"
+        )
+    return torch.device("cpu")
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: oneDNN then runs bf16 matmuls several times faster than f32."""
+    flags = _cpu_flags()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The fast compute dtype the device has: bf16 on recent GPUs and AMX CPUs, else f32."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if name is None:
+        return default_dtype(device)
+    if isinstance(name, torch.dtype):
+        return name
+    table = {
+        "float32": torch.float32,
+        "f32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "f16": torch.float16,
+    }
+    if name not in table:
+        raise ConfigError(f"dtype {name!r}: must be float32, bfloat16 or float16")
+    return table[name]
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads from RETRO_THREADS, else `threads`, else all cores."""
+    env = os.environ.get("RETRO_THREADS")
+    if env:
+        try:
+            threads = int(env)
+        except ValueError:
+            raise ConfigError(f"RETRO_THREADS={env!r}: must be a positive integer") from None
+        if threads < 1:
+            raise ConfigError(f"RETRO_THREADS={env}: must be at least 1")
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"[training].threads = {threads}: must be at least 1")
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes that could still be allocated on the device."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

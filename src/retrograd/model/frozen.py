@@ -1,0 +1,100 @@
+"""Frozen weights: the GGUF bytes as stored, dequantized on use.
+
+A `FrozenTensor` holds a tensor's raw bytes (quantized, f16, bf16 or f32) on the model's
+device and produces a dense copy when a matmul needs one. `frozen_linear` is the custom
+autograd function that makes training affordable: backward dequantizes again instead of
+keeping a dense copy of every frozen weight alive between forward and backward.
+
+A `DenseCache`, when enabled, keeps the dense copies instead (memory for speed); the loader
+decides and reports. Nothing here knows about architectures or LoRA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from retrograd.gguf import TensorInfo
+from retrograd.model.dequant import check_supported, dequantize, dequantize_rows
+
+
+class DenseCache:
+    """Dense copies of frozen weights by (id, dtype); `enabled = False` turns it into a no-op."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._store: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def get(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor:
+        if not self.enabled:
+            return owner.dequantize(dtype)
+        key = (id(owner), dtype)
+        dense = self._store.get(key)
+        if dense is None:
+            dense = owner.dequantize(dtype)
+            self._store[key] = dense
+        return dense
+
+    def clear(self) -> None:
+        self._store.clear()
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._store.values())
+
+
+class FrozenTensor:
+    """The stored bytes of one GGUF tensor, and how to make them dense."""
+
+    def __init__(self, info: TensorInfo, raw: torch.Tensor, cache: DenseCache):
+        check_supported(info.ggml_type, where=info.name)
+        self.name = info.name
+        self.ggml_type = info.ggml_type
+        self.shape = info.shape
+        self.raw = raw  # (n_bytes,) uint8
+        self.cache = cache
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    def to(self, device: torch.device) -> FrozenTensor:
+        self.raw = self.raw.to(device)
+        return self
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.raw, self.ggml_type, self.shape, dtype=dtype)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.cache.get(self, dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Selected rows (an embedding lookup) without densifying the whole table."""
+        if self.cache.enabled:
+            return self.dense(dtype)[ids]
+        flat = ids.reshape(-1)
+        out = dequantize_rows(self.raw, self.ggml_type, self.shape, flat, dtype=dtype)
+        return out.reshape(*ids.shape, self.shape[-1])
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """y = x @ W^T for a frozen W that is never saved for backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: FrozenTensor) -> torch.Tensor:
+        ctx.weight = weight
+        ctx.dtype = x.dtype
+        return x @ weight.dense(x.dtype).T
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        w = ctx.weight.dense(ctx.dtype)  # dequantized again: nothing dense was kept
+        return grad.to(ctx.dtype) @ w, None
+
+
+def frozen_linear(x: torch.Tensor, weight: FrozenTensor) -> torch.Tensor:
+    """x (..., n_in) -> (..., n_out) in x's dtype."""
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return x @ weight.dense(x.dtype).T
+    return _FrozenLinear.apply(x, weight)

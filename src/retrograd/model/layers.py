@@ -1,0 +1,82 @@
+"""The decoder's building blocks: RMSNorm, a linear over a frozen GGUF weight, activations.
+
+`Linear` holds a FrozenTensor (the file's bytes) and optionally a trainable adapter in
+`lora`; a later trainable mode may replace the frozen weight with a Parameter. Norm weights
+are small float tensors kept as (frozen) float32 Parameters so that modes that train them
+only flip requires_grad.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from retrograd.model.frozen import FrozenTensor, frozen_linear
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, in float32 whatever the input dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * self.weight
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ bias) (+ adapter(x)), W frozen as stored in the GGUF."""
+
+    def __init__(self, frozen: FrozenTensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.frozen = frozen
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self.lora: nn.Module | None = None
+
+    @property
+    def in_features(self) -> int:
+        return self.frozen.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.frozen.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = frozen_linear(x, self.frozen)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        if self.lora is not None:
+            y = y + self.lora(x).to(y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        f = self.frozen
+        return f"{f.shape[1]} -> {f.shape[0]}, {f.ggml_type.name}"
+
+
+def gelu_tanh(x: torch.Tensor, f16_table: bool) -> torch.Tensor:
+    """GELU (tanh form). With f16_table, forward values are llama.cpp's CPU ones.
+
+    NOTE: ggml's CPU GELU looks the value up in a table indexed by x rounded to f16 and stores
+    f16 results (|x| < 10). The exact path reproduces that in forward and keeps the true
+    derivative in backward (straight-through), so training gradients are unaffected.
+    """
+    y = F.gelu(x, approximate="tanh")
+    if not f16_table:
+        return y
+    with torch.no_grad():
+        table = F.gelu(x.half().float(), approximate="tanh").half().float()
+        table = torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, table))
+    return y + (table - y).detach()
+
+
+def silu(x: torch.Tensor, f16_table: bool) -> torch.Tensor:
+    return F.silu(x)
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}

@@ -1,0 +1,151 @@
+"""Build a Decoder from a GGUF file: map the bytes, check every type, decide the dense cache.
+
+The loader is the only place that knows both the file's tensor names and the decoder's
+structure. It reports what it chose (device, compute dtype, dense cache) so that commands can
+print it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from retrograd.errors import GGUFError
+from retrograd.gguf import GGUFFile, TensorInfo
+from retrograd.model.config import ModelConfig
+from retrograd.model.decoder import Block, Decoder
+from retrograd.model.dequant import check_supported, dequantize
+from retrograd.model.device import available_memory
+from retrograd.model.frozen import DenseCache, FrozenTensor
+from retrograd.model.layers import Linear, RMSNorm
+
+LINEARS = (
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+NORMS = (
+    "attn_norm",
+    "attn_q_norm",
+    "attn_k_norm",
+    "post_attention_norm",
+    "ffn_norm",
+    "post_ffw_norm",
+)
+CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    device: torch.device
+    dtype: torch.dtype
+    file_bytes: int
+    dense_bytes: int  # what a full dense cache of the frozen matmul weights takes
+    cache: bool
+    cache_reason: str
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        state = "on" if self.cache else "off"
+        return (
+            f"device {self.device.type}, compute {str(self.dtype).replace('torch.', '')}, "
+            f"weights {self.file_bytes / gib:.2f} GiB as stored, dequantized-weight cache "
+            f"{state} ({self.dense_bytes / gib:.2f} GiB; {self.cache_reason})"
+        )
+
+
+def _raw(info: TensorInfo, device: torch.device) -> torch.Tensor:
+    with warnings.catch_warnings():  # the memory map is read-only; we never write to it
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(info.data)
+    return raw if device.type == "cpu" else raw.to(device)
+
+
+def _float(info: TensorInfo, device: torch.device) -> torch.Tensor:
+    return dequantize(_raw(info, torch.device("cpu")), info.ggml_type, info.shape).to(device)
+
+
+def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> tuple[bool, str]:
+    env = os.environ.get("RETRO_DEQUANT_CACHE")
+    if env in ("0", "1"):
+        return env == "1", f"RETRO_DEQUANT_CACHE={env}"
+    if mode in ("on", "off"):
+        return mode == "on", f"requested {mode}"
+    free = available_memory(device)
+    if dense_bytes <= CACHE_FRACTION * free:
+        return True, f"fits in {free / (1 << 30):.1f} GiB available"
+    return False, f"would not fit comfortably in {free / (1 << 30):.1f} GiB available"
+
+
+def build_decoder(
+    g: GGUFFile, device: torch.device, dtype: torch.dtype, cache_mode: str = "auto"
+) -> tuple[Decoder, LoadReport]:
+    cfg = ModelConfig.from_gguf(g)
+    for info in g.tensors.values():
+        check_supported(info.ggml_type, where=f"{g.path.name}: tensor {info.name}")
+    matmul = [t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) == 2]
+    dense_bytes = sum(t.n_elements for t in matmul) * torch.finfo(dtype).bits // 8
+    cache_on, reason = decide_cache(dense_bytes, device, cache_mode)
+    cache = DenseCache(cache_on)
+
+    def frozen(name: str) -> FrozenTensor:
+        return FrozenTensor(g.tensor(name), _raw(g.tensor(name), device), cache)
+
+    def opt(name: str):
+        return g.tensors.get(name)
+
+    blocks = []
+    for il in range(cfg.n_layer):
+        parts: dict[str, torch.nn.Module] = {}
+        for short in LINEARS:
+            w = opt(f"blk.{il}.{short}.weight")
+            if w is not None:
+                b = opt(f"blk.{il}.{short}.bias")
+                parts[short] = Linear(frozen(w.name), None if b is None else _float(b, device))
+        for short in NORMS:
+            w = opt(f"blk.{il}.{short}.weight")
+            if w is not None:
+                parts[short] = RMSNorm(_float(w, device), cfg.rms_eps)
+        _check_block(g, cfg, il, parts)
+        blocks.append(Block(cfg, il, parts))
+    output = opt("output.weight")
+    freqs = opt("rope_freqs.weight")
+    decoder = Decoder(
+        cfg,
+        frozen("token_embd.weight"),
+        blocks,
+        RMSNorm(_float(g.tensor("output_norm.weight"), device), cfg.rms_eps),
+        None if output is None else Linear(frozen("output.weight")),
+        None if freqs is None or not cfg.arch.rope_freqs_tensor else _float(freqs, device),
+    )
+    decoder.set_compute_dtype(dtype)
+    report = LoadReport(device, dtype, g.n_bytes, dense_bytes, cache_on, reason)
+    return decoder, report
+
+
+def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:
+    need = ["attn_norm", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
+    need += (
+        ["attn_qkv"]
+        if cfg.arch.fused_qkv and "attn_q" not in parts
+        else ["attn_q", "attn_k", "attn_v"]
+    )
+    if not cfg.arch.fused_gate_up:
+        need.append("ffn_gate")
+    if cfg.arch.qk_norm:
+        need += ["attn_q_norm", "attn_k_norm"]
+    if cfg.arch.sandwich_norms:
+        need += ["post_attention_norm", "post_ffw_norm"]
+    missing = [f"blk.{il}.{n}.weight" for n in need if n not in parts]
+    if missing:
+        raise GGUFError(
+            f"{g.path.name}: {cfg.name} model is missing tensor(s) {', '.join(missing)}"
+        )
