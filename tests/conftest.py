@@ -38,15 +38,26 @@ def llama_vendor_dir() -> Path:
     sdist = sdist_dir / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
     if not sdist.exists():
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(sdist_dir)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                "-d",
+                str(sdist_dir),
+            ],
             check=True,
         )
     prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/"
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             if member.name.startswith(prefix) and member.isfile():
-                member.name = "vendor/llama.cpp/models/" + member.name[len(prefix):]
+                member.name = "vendor/llama.cpp/models/" + member.name[len(prefix) :]
                 tar.extract(member, root, filter="data")
     (models / ".complete").touch()
     return models
@@ -55,3 +66,39 @@ def llama_vendor_dir() -> Path:
 @pytest.fixture(scope="session")
 def llama_vendor() -> Path:
     return llama_vendor_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(name, ftype="F32") -> path of a tiny GGUF (tests/factories/tiny_gguf.py).
+
+    ftype is a llama.cpp LLAMA_FTYPE_* suffix ("MOSTLY_Q4_K_M", "ALL_F32", ...): the F32 model
+    re-encoded by llama.cpp's quantizer. Files are made once per session.
+    """
+    from tests.factories.tiny_gguf import quantize, write_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(name: str, ftype: str = "F32") -> Path:
+        key = (name, ftype)
+        if key not in made:
+            base = made.get((name, "F32")) or write_tiny(root / f"{name}.gguf", name)
+            made[(name, "F32")] = base
+            if ftype != "F32":
+                made[key] = quantize(base, root / f"{name}-{ftype}.gguf", ftype)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def gemma_f32(gemma_path) -> Path:
+    """The real Gemma model dequantized to F32 by llama.cpp's quantizer (cached in .cache/)."""
+    from tests.factories.tiny_gguf import quantize
+
+    out = CACHE / "gemma-3-270m-f32.gguf"
+    if not out.exists() or out.stat().st_mtime < gemma_path.stat().st_mtime:
+        CACHE.mkdir(exist_ok=True)
+        quantize(gemma_path, out, "ALL_F32")
+    return out

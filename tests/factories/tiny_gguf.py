@@ -160,6 +160,9 @@ def quantize(src: Path, dst: Path, ftype: str) -> Path:
     """
     import llama_cpp
 
+    from tests.oracles.llama_oracle import quiet
+
+    quiet()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{ftype}")
     params.nthread = 2
