@@ -1,0 +1,191 @@
+"""Reading a run file: TOML, each section's own checks, the rules between them, the overrides.
+
+Everything wrong with a file is collected and raised once, as a ConfigError with one line per
+problem. Paths in the file resolve against the file's directory; --model, --device and --resume
+come from the command line (paths against the current directory). Nothing here opens a model:
+checks that need its tensors are in `selectors.py`.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from retrograd.config.core import ModelSection
+from retrograd.config.document import (
+    ALGORITHM_SECTIONS,
+    OBSERVE_ALGORITHMS,
+    SECTION_NAMES,
+    RunConfig,
+)
+from retrograd.config.report import Issue, issues_from_pydantic, suggest
+from retrograd.config.rules import Draft, issue, run_rules
+from retrograd.config.rules_train import OUTPUT_KINDS
+from retrograd.config.training import GefenSection, MuonSection, OptimizerSection
+from retrograd.errors import ConfigError
+
+# Sections that always exist after loading, with their defaults when the file leaves them out.
+DEFAULT_SECTIONS = {"model": ModelSection, "training": None, "optimizer": OptimizerSection}
+
+
+def load_run(
+    path: str | Path,
+    *,
+    model: str | Path | None = None,
+    device: str | None = None,
+    resume: bool | str | Path | None = None,
+) -> RunConfig:
+    """Read and validate a run file; raise ConfigError listing every problem, one per line.
+
+    `model` and `device` override [model] (a relative `model` resolves against the current
+    directory); a truthy `resume` (train --resume) is checked against lora.init_adapter.
+    """
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such run file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{source}: cannot read the run file: {error}") from None
+    data = parse_toml(text, source)
+    return validate_run(
+        data,
+        source=source,
+        base_dir=path.resolve().parent,
+        model=model,
+        device=device,
+        resume=resume,
+    )
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML to a dict; a syntax error becomes `run.toml:LINE:COLUMN: invalid TOML: ...`."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        message = str(error)
+        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        if found is None:
+            raise ConfigError(f"{source}: invalid TOML: {message}") from None
+        reason = message[: found.start()].strip()
+        raise ConfigError(f"{source}:{found[1]}:{found[2]}: invalid TOML: {reason}") from None
+
+
+def validate_run(
+    data: dict[str, Any],
+    *,
+    source: str = "run.toml",
+    base_dir: str | Path | None = None,
+    model: str | Path | None = None,
+    device: str | None = None,
+    resume: bool | str | Path | None = None,
+) -> RunConfig:
+    """Validate an already-parsed run document (from TOML or JSON); see `load_run`."""
+    context = {"base_dir": Path(base_dir)} if base_dir is not None else None
+    draft, found = _sections(data, context)
+    draft.resume = bool(resume)
+    found += _presence(draft)
+    found += _model_overrides(draft, model, device)
+    if "run" in draft.sections and not draft.failed & {"run", "training"}:
+        found += run_rules(draft)
+    if found:
+        error = ConfigError("\n".join(item.render(source) for item in found))
+        error.issues = found  # type: ignore[attr-defined]
+        raise error
+    return _resolved(RunConfig.model_validate(draft.sections))
+
+
+@cache
+def _adapter(name: str) -> TypeAdapter:
+    return TypeAdapter(RunConfig.model_fields[name].annotation)
+
+
+def _sections(data: dict[str, Any], context: dict | None) -> tuple[Draft, list[Issue]]:
+    found: list[Issue] = []
+    sections: dict[str, Any] = {}
+    failed: set[str] = set()
+    for name, value in data.items():
+        if name not in SECTION_NAMES:
+            if isinstance(value, dict):
+                found.append(issue(name, None, "unknown section" + _section_hint(name)))
+            else:
+                found.append(Issue((), name, "keys belong in a section such as [run]", value))
+            continue
+        try:
+            sections[name] = _adapter(name).validate_python(value, context=context)
+        except ValidationError as error:
+            failed.add(name)
+            found += issues_from_pydantic(error.errors(), _adapter(name)._type, (name,))
+    for name, default in DEFAULT_SECTIONS.items():
+        if name not in sections and name not in failed:
+            sections[name] = default() if default else _adapter(name).validate_python({})
+    return Draft(dict(data), sections, failed), found
+
+
+def _section_hint(name: str) -> str:
+    hint = suggest(name, SECTION_NAMES)
+    return hint.replace("did you mean ", "did you mean [").replace("?", "]?") if hint else ""
+
+
+def _presence(d: Draft) -> list[Issue]:
+    """Required sections, and sections the run's algorithm does not read."""
+    found = [issue(name, None, "required") for name in ("run", "output") if not d.present(name)]
+    if "run" not in d.sections:
+        return found
+    algorithm = d.sections["run"].algorithm
+    own = ALGORITHM_SECTIONS[algorithm]
+    if not d.present(own):
+        found.append(issue(own, None, f'required by run.algorithm = "{algorithm}"'))
+    for name in ALGORITHM_SECTIONS.values():
+        if name != own and d.present(name):
+            found.append(
+                issue(name, None, f'does not apply to run.algorithm = "{algorithm}"; remove it')
+            )
+    if d.present("observe") and algorithm not in OBSERVE_ALGORITHMS:
+        found.append(
+            issue(
+                "observe",
+                None,
+                f"only ppo, grpo and agent_grpo record rollouts, not {algorithm}; remove it",
+            )
+        )
+    return found
+
+
+def _model_overrides(d: Draft, model: str | Path | None, device: str | None) -> list[Issue]:
+    section = d.sections.get("model")
+    if section is None:
+        return []
+    update: dict[str, Any] = {}
+    if model is not None:
+        update["path"] = Path(model).absolute()
+    if device is not None:
+        if device not in ("auto", "cpu", "gpu"):
+            raise ConfigError(f"--device {device}: must be auto, cpu or gpu")
+        update["device"] = device
+    if update:
+        d.sections["model"] = section.model_copy(update=update)
+    if d.sections["model"].path is None:
+        return [issue("model", "path", "required: set it in the file or pass --model")]
+    return []
+
+
+def _resolved(config: RunConfig) -> RunConfig:
+    """Fill in the defaults that depend on other keys, so later code never derives them."""
+    update: dict[str, Any] = {}
+    mode = config.training.trainable
+    if config.output.kind is None:
+        update["output"] = config.output.model_copy(update={"kind": OUTPUT_KINDS[mode][0]})
+    name = config.training.optimizer
+    if name in ("muon", "gefen") and getattr(config.optimizer, name) is None:
+        table = MuonSection() if name == "muon" else GefenSection()
+        update["optimizer"] = config.optimizer.model_copy(update={name: table})
+    if config.reference is not None and config.reference.ctx is None:
+        update["reference"] = config.reference.model_copy(update={"ctx": config.training.ctx})
+    return config.model_copy(update=update) if update else config

@@ -1,0 +1,267 @@
+"""Turning every problem of a run file into one line: `run.toml: [section].key = value: rule`.
+
+Pydantic's errors carry a location path through models, tagged unions, lists and dicts; this
+module walks that path against the section models to split it into the table (`[grpo.judge]`)
+and the key, and rewrites pydantic's wording into ours, with the closest known key suggested
+for a misspelled one. It knows nothing about which rules exist.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem: the table it is in, the key (None for the whole table), value and rule."""
+
+    table: tuple[str | int, ...]
+    key: str | None
+    message: str
+    value: Any = MISSING
+
+    def render(self, source: str) -> str:
+        where = table_name(self.table) if self.table else ""
+        if self.key is not None:
+            where = f"{where}.{self.key}" if where else self.key
+        if self.value is not MISSING:
+            where = f"{where} = {toml_value(self.value)}"
+        return f"{source}: {where}: {self.message}" if where else f"{source}: {self.message}"
+
+
+def table_name(table: tuple[str | int, ...]) -> str:
+    """`("agent", "mcp_servers", 0)` -> `[agent.mcp_servers][0]`."""
+    names: list[str] = []
+    text = ""
+    for part in table:
+        if isinstance(part, int):
+            text += f"[{'.'.join(names)}][{part}]" if names else f"[{part}]"
+            names = []
+        else:
+            names.append(part)
+    if names:
+        text += f"[{'.'.join(names)}]" if not text else "." + ".".join(names)
+    return text
+
+
+def toml_value(value: Any, limit: int = 60) -> str:
+    """A value as the user wrote it in TOML (strings in double quotes, lowercase booleans)."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str | Path):
+        text = json.dumps(str(value), ensure_ascii=False)
+    elif isinstance(value, list | tuple):
+        text = "[" + ", ".join(toml_value(item, limit) for item in value) + "]"
+    elif isinstance(value, dict):
+        items = ", ".join(f"{k} = {toml_value(v, limit)}" for k, v in value.items())
+        text = "{ " + items + " }" if items else "{}"
+    elif isinstance(value, BaseModel):
+        text = toml_value(value.model_dump(exclude_unset=True), limit)
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_of(choices: typing.Sequence[str]) -> str:
+    """`a, b or c`."""
+    items = list(choices)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _number(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def suggest(name: str, known: typing.Iterable[str]) -> str:
+    """`; did you mean group_size?` for a close known name, else ``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+# --- walking pydantic locations -------------------------------------------------------------
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Annotated and Optional layers."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(members) != 1:
+                return annotation
+            annotation = members[0]
+        else:
+            return annotation
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found: list[type[BaseModel]] = []
+        for member in typing.get_args(annotation):
+            found += _models(member)
+        return found
+    return []
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    for name in ("type", "mode"):
+        field = model.model_fields.get(name)
+        if field is not None and typing.get_origin(field.annotation) is typing.Literal:
+            return typing.get_args(field.annotation)[0]
+    return None
+
+
+@dataclass
+class _Walk:
+    table: list[str | int]
+    model: type[BaseModel] | None
+    variants: list[type[BaseModel]]
+
+
+def _enter(walk: _Walk, annotation: Any, loc: list[Any]) -> bool:
+    """Descend into a table-valued field; False when the field holds a plain value."""
+    inner = _unwrap(annotation)
+    origin = typing.get_origin(inner)
+    if origin in (list, dict):
+        element = typing.get_args(inner)[-1]
+        if not _models(element) or not loc or not isinstance(loc[0], int | str):
+            return False
+        walk.table.append(loc.pop(0))
+        return _enter(walk, element, loc)
+    models = _models(inner)
+    if not models:
+        return False
+    if len(models) > 1:
+        tags = {_tag_of(m): m for m in models}
+        if loc and loc[0] in tags:
+            walk.model, walk.variants = tags[loc.pop(0)], models
+            return True
+        walk.model, walk.variants = None, models
+        return True
+    walk.model, walk.variants = models[0], models
+    return True
+
+
+def locate(root: Any, loc: tuple[Any, ...]) -> tuple[tuple[str | int, ...], list[Any], _Walk]:
+    """Split a pydantic location under `root` into (table path, remaining key parts, walk)."""
+    walk = _Walk([], None, [])
+    rest = list(loc)
+    _enter(walk, root, rest)
+    while rest and walk.model is not None:
+        part = rest[0]
+        field = walk.model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            break
+        saved = (list(walk.table), walk.model, walk.variants)
+        walk.table.append(part)
+        rest.pop(0)
+        if not _enter(walk, field.annotation, rest):
+            walk.table, walk.model, walk.variants = saved
+            rest.insert(0, part)
+            break
+    return tuple(walk.table), rest, walk
+
+
+def _key_text(parts: list[Any]) -> str | None:
+    if not parts:
+        return None
+    text = str(parts[0])
+    for part in parts[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def _unknown_key(name: str, walk: _Walk) -> str:
+    if walk.model is None:
+        return "unknown key"
+    for other in walk.variants:
+        if other is not walk.model and name in other.model_fields:
+            tag_key = "type" if "type" in other.model_fields else "mode"
+            return f"read only with {tag_key} = {_tag_of(other)}; remove it"
+    return "unknown key" + suggest(name, walk.model.model_fields)
+
+
+_RANGES = {
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+}
+_TYPES = {
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "path_type": "must be a path (a string)",
+    "list_type": "must be a list",
+    "dict_type": "must be a table",
+    "model_type": "must be a table",
+    "model_attributes_type": "must be a table",
+    "finite_number": "must be a finite number",
+}
+
+
+def _message(error: dict[str, Any], walk: _Walk, key: str | None) -> str:
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "missing":
+        return "required"
+    if kind == "extra_forbidden":
+        return _unknown_key(key or "", walk)
+    if kind == "literal_error":
+        expected = ctx.get("expected", "").replace("'", "")
+        choices = [c.strip() for c in expected.replace(" or ", ", ").split(",")]
+        hint = suggest(error["input"], choices) if isinstance(error["input"], str) else ""
+        return f"must be {expected}" + hint
+    if kind in _RANGES:
+        bounds = {k: _number(v) for k, v in ctx.items()}
+        return _RANGES[kind].format(**bounds)
+    if kind in _TYPES:
+        return _TYPES[kind]
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return "must start with http:// or https://"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    if kind in ("union_tag_not_found", "union_tag_invalid", "invalid_mode"):
+        tags = [str(_tag_of(m)) for m in walk.variants]
+        given = error["input"].get(key or "") if isinstance(error["input"], dict) else None
+        hint = suggest(given, tags) if isinstance(given, str) else ""
+        return "must be " + one_of(tags) + hint
+    return error["msg"]
+
+
+def issues_from_pydantic(
+    errors: list[dict[str, Any]], root: Any, prefix: tuple[str | int, ...]
+) -> list[Issue]:
+    """Our issues for pydantic's errors of a value validated as `root` at table `prefix`."""
+    found: list[Issue] = []
+    for error in errors:
+        table, rest, walk = locate(root, error["loc"])
+        value = error.get("input", MISSING)
+        if error["type"] in ("union_tag_not_found", "union_tag_invalid", "invalid_mode"):
+            tag_key = "mode" if error["type"] == "invalid_mode" else "type"
+            rest = [tag_key]
+            value = value.get(tag_key, MISSING) if isinstance(value, dict) else MISSING
+        key_name = _key_text(rest)
+        if error["type"] == "missing" or (key_name is None and isinstance(value, dict)):
+            value = MISSING
+        message = _message(error, walk, str(rest[0]) if rest else None)
+        found.append(Issue(prefix + table, key_name, message, value))
+    return found

@@ -1,0 +1,284 @@
+"""Rules about what is trained and how: trainable mode, [lora], [trainable], [output], the
+optimizer tables, the token window, [reference], [evaluation] and [checkpoint].
+
+Each rule states the reference's sentence it enforces. Rules that need the model's tensor names
+(selectors matching something) run later, in `selectors.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from retrograd.config.document import PINNED_ACCUMULATION
+from retrograd.config.report import Issue
+from retrograd.config.rules import Draft, issue, rule, set_value
+
+ADAPTER_MODES = ("lora", "hybrid")
+# output.kind values allowed per mode; the first is the default.
+OUTPUT_KINDS = {
+    "lora": ("adapter",),
+    "full": ("trainable", "model"),
+    "partial": ("trainable", "model"),
+    "hybrid": ("trainable",),
+}
+
+
+def kl_term(d: Draft) -> tuple[str, str] | None:
+    """(table, description) of the KL term that reads [reference], or None when there is none."""
+    algorithm = d.algorithm
+    if algorithm == "grpo" and d.need("grpo").kl_coefficient > 0:
+        return "grpo", "grpo.kl_coefficient > 0"
+    if algorithm == "agent_grpo" and d.need("agent").kl_coefficient > 0:
+        return "agent", "agent.kl_coefficient > 0"
+    distill = d.need("distill") if algorithm == "distill" else None
+    if distill is not None and distill.mode == "on_policy" and distill.kl_coefficient > 0:
+        return "distill", "distill.kl_coefficient > 0"
+    if algorithm == "preference" and d.need("preference").loss in ("dpo", "ipo"):
+        return "preference", f"preference.loss = {d.need('preference').loss}"
+    return None
+
+
+def rollout_window(d: Draft) -> bool:
+    """True when the optimizer window is pinned to one context (rollouts, preference pairs)."""
+    if d.algorithm in PINNED_ACCUMULATION:
+        return True
+    distill = d.need("distill") if d.algorithm == "distill" else None
+    return distill is not None and distill.mode == "on_policy"
+
+
+@rule
+def lora_per_mode(d: Draft) -> Iterator[Issue]:
+    mode = d.mode
+    if mode in ADAPTER_MODES and not d.present("lora"):
+        yield issue(
+            "lora",
+            None,
+            f'required when training.trainable = "{mode}"; add a [lora] section '
+            "(an empty one takes the defaults)",
+        )
+    if mode not in ADAPTER_MODES and d.present("lora"):
+        yield issue(
+            "lora", None, f'refused when training.trainable = "{mode}": no adapter is trained'
+        )
+
+
+@rule
+def trainable_per_mode(d: Draft) -> Iterator[Issue]:
+    mode, section = d.mode, d.get("trainable")
+    if mode in ("lora", "full"):
+        if d.present("trainable"):
+            what = "every float tensor" if mode == "full" else "only the adapter"
+            yield issue(
+                "trainable", None, f'refused when training.trainable = "{mode}" ({what} is trained)'
+            )
+        return
+    if section is None:
+        yield issue(
+            "trainable",
+            None,
+            f'required when training.trainable = "{mode}": say which base tensors train',
+        )
+        return
+    if mode == "hybrid":
+        for name in ("modules", "output_head"):
+            if section.is_set(name) and getattr(section, name):
+                yield issue(
+                    "trainable",
+                    name,
+                    "refused for hybrid, which trains only norms and biases next to the adapter",
+                    getattr(section, name),
+                )
+        if not (section.norms or section.biases):
+            yield issue(
+                "trainable", None, "selects nothing: hybrid needs norms = true or biases = true"
+            )
+    elif not (section.modules or section.norms or section.output_head):
+        yield issue(
+            "trainable", None, "selects nothing: set modules, norms = true or output_head = true"
+        )
+
+
+@rule
+def output_kind_per_mode(d: Draft) -> Iterator[Issue]:
+    output, mode = d.get("output"), d.mode
+    if output is None or output.kind is None:
+        return
+    allowed = OUTPUT_KINDS[mode]
+    if output.kind not in allowed:
+        yield issue(
+            "output",
+            "kind",
+            f'not possible with training.trainable = "{mode}"; use ' + " or ".join(allowed),
+            output.kind,
+        )
+
+
+@rule
+def token_window(d: Draft) -> Iterator[Issue]:
+    t = d.get("training")
+    if rollout_window(d):
+        if t.ctx % t.micro_batch:
+            yield issue("training", "micro_batch", f"must divide ctx ({t.ctx})", t.micro_batch)
+        elif (
+            t.is_set("gradient_accumulation") and t.gradient_accumulation != t.ctx // t.micro_batch
+        ):
+            yield issue(
+                "training",
+                "gradient_accumulation",
+                f"fixed to ctx / micro_batch ({t.ctx // t.micro_batch}) for {d.algorithm}; leave it out",
+                t.gradient_accumulation,
+            )
+    elif t.ctx % (t.micro_batch * t.gradient_accumulation):
+        yield issue(
+            "training",
+            "micro_batch",
+            f"micro_batch x gradient_accumulation ({t.micro_batch * t.gradient_accumulation}) "
+            f"must divide ctx ({t.ctx})",
+            t.micro_batch,
+        )
+
+
+@rule
+def generation_keys(d: Draft) -> Iterator[Issue]:
+    t = d.get("training")
+    generates = d.algorithm not in ("sft", "preference")
+    if d.algorithm == "distill" and d.need("distill").mode == "topk_offline":
+        generates = False
+    if not generates:
+        for name in ("generation_concurrency", "generation_batch"):
+            if t.is_set(name):
+                yield issue(
+                    "training",
+                    name,
+                    f"read only by runs that generate; {d.algorithm} does not, remove it",
+                    getattr(t, name),
+                )
+    if d.algorithm == "sft" and t.is_set("shared_prefix_fanout"):
+        yield issue(
+            "training",
+            "shared_prefix_fanout",
+            "read only by grpo, agent_grpo and preference runs; remove it",
+            t.shared_prefix_fanout,
+        )
+    if not t.gradient_checkpointing and t.checkpoint_dtype != "f32":
+        yield issue(
+            "training",
+            "checkpoint_dtype",
+            "needs gradient_checkpointing = true",
+            t.checkpoint_dtype,
+        )
+
+
+@rule
+def optimizer_tables(d: Draft) -> Iterator[Issue]:
+    t, tables = d.get("training"), d.get("optimizer")
+    for name in ("muon", "gefen"):
+        if getattr(tables, name) is not None and t.optimizer != name:
+            yield issue(
+                f"optimizer.{name}",
+                None,
+                f'read only with training.optimizer = "{name}", not "{t.optimizer}"; remove it',
+            )
+    lora = d.get("lora")
+    if t.optimizer in ("muon", "gefen") and d.mode in ADAPTER_MODES and lora is not None:
+        if lora.dtype != "f32":
+            yield issue(
+                "lora",
+                "dtype",
+                f'{t.optimizer} updates f32 weights only; set lora.dtype = "f32" or use adamw',
+                lora.dtype,
+            )
+
+
+@rule
+def init_adapter_alone(d: Draft) -> Iterator[Issue]:
+    lora = d.get("lora")
+    if lora is None or lora.init_adapter is None:
+        return
+    for name in ("rank", "alpha", "seed", "targets", "dtype"):
+        if lora.is_set(name):
+            yield issue("lora", name, "comes from init_adapter; remove it", getattr(lora, name))
+    checkpoint = d.get("checkpoint")
+    if checkpoint is not None and checkpoint.resume_from is not None:
+        yield issue(
+            "checkpoint",
+            "resume_from",
+            "refused with lora.init_adapter: resume a checkpoint or start from an adapter, not both",
+            checkpoint.resume_from,
+        )
+    if d.resume:
+        yield issue(
+            "lora",
+            "init_adapter",
+            "refused with --resume: resume a checkpoint or start from an adapter, not both",
+            lora.init_adapter,
+        )
+
+
+@rule
+def reference_section(d: Draft) -> Iterator[Issue]:
+    reference, term = d.get("reference"), kl_term(d)
+    if reference is not None and term is None:
+        yield issue(
+            "reference",
+            None,
+            f"refused: no KL term of this {d.algorithm} run reads it (PPO's KL is toward the sampling policy)",
+        )
+        return
+    if reference is None and term is not None and d.mode != "lora" and d.algorithm != "preference":
+        yield issue(
+            "reference",
+            None,
+            f'required: training.trainable = "{d.mode}" changes the base weights, so with '
+            f"{term[1]} the reference must be a separate model",
+        )
+    t = d.get("training")
+    if reference is not None and reference.ctx is not None and reference.ctx < t.ctx:
+        yield issue("reference", "ctx", f"must be at least training.ctx ({t.ctx})", reference.ctx)
+
+
+@rule
+def evaluation_keys(d: Draft) -> Iterator[Issue]:
+    evaluation = d.get("evaluation")
+    if evaluation is None or evaluation.max_examples is None:
+        return
+    if not rollout_window(d) or d.algorithm == "preference":
+        yield issue(
+            "evaluation",
+            "max_examples",
+            f"read only by rollout algorithms, not {d.algorithm}; remove it",
+            evaluation.max_examples,
+        )
+
+
+@rule
+def checkpoint_modes(d: Draft) -> Iterator[Issue]:
+    checkpoint = d.get("checkpoint")
+    if checkpoint is None:
+        return
+    best = checkpoint.mode in ("best_eval", "steps_and_best_eval")
+    steps = checkpoint.mode in ("steps", "steps_and_best_eval")
+    if best and not d.present("evaluation"):
+        yield issue(
+            "checkpoint",
+            "mode",
+            "needs an [evaluation] section to know what is best",
+            checkpoint.mode,
+        )
+    offline = d.algorithm == "distill" and d.need("distill").mode == "topk_offline"
+    if best and offline:
+        yield issue(
+            "checkpoint",
+            "mode",
+            "offline distillation runs no scheduled evaluation; use steps",
+            checkpoint.mode,
+        )
+    if steps and checkpoint.every_steps is None:
+        yield issue("checkpoint", "every_steps", f'required with mode = "{checkpoint.mode}"')
+    if not steps and checkpoint.every_steps is not None:
+        yield issue(
+            "checkpoint",
+            "every_steps",
+            'refused with mode = "best_eval", which saves only the best evaluation',
+            set_value(checkpoint, "every_steps"),
+        )
