@@ -244,7 +244,7 @@ PREFERENCE_LOSS_KEYS = {
 
 
 class PreferenceSection(Section):
-    """[preference]: dpo, ipo, simpo or orpo on chosen/rejected pairs."""
+    """[preference]: preference optimisation (dpo, ipo, simpo or orpo) on chosen/rejected pairs."""
 
     data: FilePath = key(description="Preference JSONL: prompt, chosen and rejected per line.")
     loss: Literal["dpo", "ipo", "simpo", "orpo"] = key("dpo", "dpo, ipo, simpo or orpo.")
