@@ -148,7 +148,9 @@ class LocalEnvironment(_SandboxKeys):
 
     type: Literal["local"] = key(description="container, http or local.")
     allow_unsandboxed: bool = key(
-        False, "Must be true: acknowledges that tools run on the host without isolation."
+        False,
+        "Must be true: acknowledges that tools run on the host without isolation.",
+        validate_default=True,
     )
 
     @field_validator("allow_unsandboxed")
