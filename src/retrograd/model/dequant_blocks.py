@@ -1,18 +1,24 @@
-"""Pieces shared by the dequantization kernels: reading fields out of ggml blocks, and small
-constant tables kept once per device.
+"""Pieces shared by the dequantization kernels: reading fields out of ggml blocks, unpacking
+packed codes eight bytes at a time, and small constant tables kept once per device.
 
 A kernel sees `blocks`, a (n_blocks, type_size) uint8 tensor (rows of raw ggml blocks), and
 returns (n_blocks, block_size) float32. Everything here is plain torch, so it runs wherever the
 bytes are. Nothing here knows about the ggml types themselves.
 
+Speed: an elementwise op costs a few ns per innermost run, so an op whose innermost run is one
+block's 16 or 32 bytes is several times slower than one over a contiguous tensor. Codes are
+therefore unpacked on int64 words of contiguous bytes (all bytes of a word at once, SWAR), and
+the unpacked pieces are interleaved into ggml's order by one copy.
+
 NOTE: the kernels must reproduce gguf-py's float32 arithmetic exactly, operation by operation:
 keep `d * q - m` as a multiply then a subtract (never `addcmul`, which may fuse into an FMA),
-and do integer work in integer dtypes, where it is exact in any order.
+and do integer work in integer dtypes, where it is exact in any order. Convert codes to float
+once (`q.float()`) and scale in place: a mixed int-by-float multiply makes a hidden float copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,24 +39,88 @@ def constant(key: str, device: torch.device, build: Callable[[], np.ndarray | to
 
 
 def shifts(values: tuple[int, ...], shape: tuple[int, ...], device: torch.device, dtype=None):
-    """Shift amounts as a broadcastable uint8 (or `dtype`) tensor, cached per device."""
+    """Shift amounts (or other small constants) as a broadcastable tensor, cached per device."""
     dtype = dtype or torch.uint8
     key = f"shifts{values}{shape}{dtype}"
     return constant(key, device, lambda: torch.tensor(values, dtype=dtype).reshape(shape))
 
 
+# -- fields ----------------------------------------------------------------------------------
+
+
 def f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The f16 field at byte `offset` of each block, as (n_blocks, 1) float32."""
-    # clone: a (n, 2) byte copy whose storage starts at 0, so the dtype view is always legal
-    # whatever the block size and the offset of `blocks` in its storage.
-    raw = blocks[:, offset : offset + 2].clone()
-    return raw.view(torch.float16).float()
+    try:  # a strided view of the blocks as f16 when sizes and offsets are even
+        return blocks.view(torch.float16)[:, offset // 2 : offset // 2 + 1].float()
+    except RuntimeError:
+        pass
+    # a fresh (n, 2) copy starts at offset 0 of its storage, so the view is always legal
+    return blocks[:, offset : offset + 2].clone().view(torch.float16).float()
+
+
+def words(blocks: torch.Tensor, start: int, stop: int, dtype=torch.int64) -> torch.Tensor:
+    """Bytes [start, stop) of each block as contiguous (n_blocks, k) words of `dtype`."""
+    raw = blocks[:, start:stop]
+    if raw.is_contiguous():
+        try:  # one block, or fields spanning whole blocks: no copy needed
+            return raw.view(dtype)
+        except RuntimeError:  # not aligned for `dtype` in its storage
+            pass
+    return raw.clone(memory_format=torch.contiguous_format).view(dtype)
 
 
 def u16(blocks: torch.Tensor, offset: int, count: int) -> torch.Tensor:
     """`count` little-endian uint16 fields from byte `offset`, as (n_blocks, count) int32."""
     raw = blocks[:, offset : offset + 2 * count].reshape(-1, count, 2)
     return raw[..., 0].int() | (raw[..., 1].int() << 8)
+
+
+# -- SWAR unpacking on int32/int64 words -----------------------------------------------------
+
+
+def _per_byte(value: int, dtype: torch.dtype) -> int:
+    """`value` (< 0x80) repeated in every byte of a word."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return value * int.from_bytes(b"\x01" * size, "little")
+
+
+def stack_words(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack same-shaped (..., k) words on a new axis: (..., len(parts), k).
+
+    NOTE: when a row of words is a whole number of 16 bytes the copy moves complex128
+    elements: twice the bytes per step of torch's copy loop. Copies never touch the bits.
+    """
+    w = parts[0]
+    if (w.shape[-1] * w.element_size()) % 16 == 0:
+        stacked = torch.stack([p.view(torch.complex128) for p in parts], dim=-2)
+        return stacked.view(w.dtype)
+    return torch.stack(parts, dim=-2)
+
+
+def split_nibbles(w: torch.Tensor) -> torch.Tensor:
+    """(..., k) words -> (..., 2, k): low nibbles of every byte, then high nibbles."""
+    m = _per_byte(0x0F, w.dtype)
+    return stack_words((w & m, (w >> 4) & m))
+
+
+def planes(w: torch.Tensor, step: int, mask: int, lshift: int = 0) -> torch.Tensor:
+    """(..., k) words -> (..., 8 // step, k): plane i holds bits [i*step, i*step + step) of
+    every byte, masked with `mask` and moved up by `lshift` bits (ready to OR as high bits)."""
+    m = _per_byte(mask << lshift, w.dtype)
+    parts = []
+    for i in range(8 // step):
+        s = i * step - lshift
+        # arithmetic right shifts smear the sign into bits the mask drops (shift + width <= 8)
+        parts.append(((w >> s) if s >= 0 else (w << -s)) & m)
+    return stack_words(parts)
+
+
+def bytes_of(w: torch.Tensor, n: int, *shape: int, dtype=torch.uint8) -> torch.Tensor:
+    """Reinterpret words as (n, *shape) bytes of `dtype` (uint8 or int8)."""
+    return w.reshape(n, -1).view(dtype).view(n, *shape)
+
+
+# -- small-field helpers (per-block scales, grid indices) --------------------------------------
 
 
 def nibbles(qs: torch.Tensor) -> torch.Tensor:

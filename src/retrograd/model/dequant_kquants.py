@@ -11,80 +11,92 @@ from __future__ import annotations
 import torch
 from gguf import GGMLQuantizationType as T
 
-from retrograd.model.dequant_blocks import bit_planes, f16, gather_rows, nibbles, shifts
+from retrograd.model.dequant_blocks import (
+    bit_planes,
+    bytes_of,
+    f16,
+    gather_rows,
+    nibbles,
+    planes,
+    shifts,
+    split_nibbles,
+    words,
+)
 from retrograd.model.dequant_legacy import _iq4nl_values
 
 
 def q2_k(b: torch.Tensor) -> torch.Tensor:
     """scales: 16 bytes (low nibble scale, high nibble min), qs: 64 bytes of 2-bit codes,
     d: f16, dmin: f16; x = d * sc * q - dmin * m per 16 values."""
+    n = b.shape[0]
     scales = b[:, :16]
-    d, dmin = f16(b, 80), f16(b, 82)
-    dl = (d * (scales & 0x0F)).unsqueeze(-1)  # (n, 16, 1)
-    ml = (dmin * (scales >> 4)).unsqueeze(-1)
-    q = bit_planes(b[:, 16:80].reshape(-1, 2, 32), 2, 3).reshape(-1, 16, 16)  # (n, 16, 16)
-    return (dl * q).sub_(ml).reshape(-1, 256)
+    dl = (f16(b, 80) * (scales & 0x0F)).unsqueeze(-1)  # (n, 16, 1)
+    ml = (f16(b, 82) * (scales >> 4)).unsqueeze(-1)
+    q = planes(words(b, 16, 80).view(n, 2, 4), 2, 3)  # (n, 2, 4, 4) words: (n, 16, 16) bytes
+    return bytes_of(q, n, 16, 16).float().mul_(dl).sub_(ml).view(n, 256)
 
 
 def q3_k(b: torch.Tensor) -> torch.Tensor:
     """hmask: 32 bytes (third bit, inverted), qs: 64 bytes of low 2 bits, scales: 12 bytes of
     6-bit scales (offset 32), d: f16."""
     n = b.shape[0]
-    d = f16(b, 108)
-    packed = b[:, 96:108]
-    low = nibbles(packed[:, :8]).reshape(n, 16)  # (n, 16): scales 0-7 then 8-15
-    high = bit_planes(packed[:, 8:12], 2, 3).reshape(n, 16)
-    sc = (low | (high << 4)).view(torch.int8) - 32
-    dl = (d * sc).unsqueeze(-1)  # (n, 16, 1)
-    ql = bit_planes(b[:, 32:96].reshape(n, 2, 32), 2, 3)  # (n, 2, 4, 32)
-    qh = bit_planes(b[:, :32].reshape(n, 1, 32), 1, 1)  # (n, 1, 8, 32)
+    # scales: bytes 0-7 hold the low nibbles of scales 0-7 and 8-15, bytes 8-11 the high pairs
+    s = words(b, 96, 108, torch.int32)  # (n, 3)
+    low = split_nibbles(s[:, :2])  # (n, 2, 2): scales 0-3, 4-7, 8-11, 12-15
+    high = planes(s[:, 2:], 2, 3, lshift=4)  # (n, 4, 1)
+    sc = bytes_of(low.reshape(n, 4) | high.reshape(n, 4), n, 16, dtype=torch.int8) - 32
+    dl = (f16(b, 108) * sc).unsqueeze(-1)  # (n, 16, 1)
+    ql = planes(words(b, 32, 96).view(n, 2, 4), 2, 3)  # (n, 2, 4, 4) words
+    qh = planes(words(b, 0, 32), 1, 1, lshift=2)  # (n, 8, 4) words
     # a set hmask bit means "no -4 offset": ql - 4 * (1 - h) == (ql | h << 2) - 4
-    q = (ql.reshape(n, 16, 16) | (qh.reshape(n, 16, 16) << 2)).view(torch.int8) - 4
-    return (dl * q).reshape(n, 256)
+    q = bytes_of(ql.view(n, 32) | qh.view(n, 32), n, 16, 16, dtype=torch.int8) - 4
+    return q.float().mul_(dl).view(n, 256)
 
 
-def _scale_min_k4(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """12 bytes of eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4)."""
-    s = packed.reshape(-1, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    sc = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)  # (n, 8)
-    mn = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
-    return sc, mn
+def _scale_min_k4(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes 4..16 of a Q4_K/Q5_K block: eight 6-bit scales and eight 6-bit mins, as (n, 8)
+    uint8 each (ggml's get_scale_min_k4, on the three uint32 words at once)."""
+    n = b.shape[0]
+    w = words(b, 4, 16, torch.int32)  # (n, 3): low scales, low mins, high nibbles
+    d, m, md = w[:, 0], w[:, 1], w[:, 2]
+    lo6, lo4, hi2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x30303030
+    sc = torch.stack((d & lo6, (md & lo4) | ((d >> 2) & hi2)), dim=-1)
+    mn = torch.stack((m & lo6, ((md >> 4) & lo4) | ((m >> 2) & hi2)), dim=-1)
+    return bytes_of(sc, n, 8), bytes_of(mn, n, 8)
 
 
 def _k4_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K header: d, dmin, 12 scale bytes -> per-32 (n, 8, 1) scale and min."""
-    d, dmin = f16(b, 0), f16(b, 2)
-    sc, mn = _scale_min_k4(b[:, 4:16])
-    return (d * sc).unsqueeze(-1), (dmin * mn).unsqueeze(-1)
+    sc, mn = _scale_min_k4(b)
+    return (f16(b, 0) * sc).unsqueeze(-1), (f16(b, 2) * mn).unsqueeze(-1)
 
 
 def q4_k(b: torch.Tensor) -> torch.Tensor:
     """d, dmin: f16, scales: 12 bytes, qs: 128 bytes of 4-bit codes (32 bytes per 64 values)."""
     n = b.shape[0]
     dl, ml = _k4_scales(b)
-    q = nibbles(b[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32)
-    return (dl * q).sub_(ml).reshape(n, 256)
+    q = split_nibbles(words(b, 16, 144).view(n, 4, 4))  # (n, 4, 2, 4) words: (n, 8, 32) bytes
+    return bytes_of(q, n, 8, 32).float().mul_(dl).sub_(ml).view(n, 256)
 
 
 def q5_k(b: torch.Tensor) -> torch.Tensor:
     """d, dmin: f16, scales: 12 bytes, qh: 32 bytes of fifth bits, qs: 128 bytes of low 4."""
     n = b.shape[0]
     dl, ml = _k4_scales(b)
-    ql = nibbles(b[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
-    qh = bit_planes(b[:, 16:48], 1, 1)  # (n, 8, 32)
-    q = ql | (qh << 4)
-    return (dl * q).sub_(ml).reshape(n, 256)
+    ql = split_nibbles(words(b, 48, 176).view(n, 4, 4))  # (n, 4, 2, 4) words
+    qh = planes(words(b, 16, 48), 1, 1, lshift=4)  # (n, 8, 4) words
+    q = bytes_of(ql.view(n, 32) | qh.view(n, 32), n, 8, 32)
+    return q.float().mul_(dl).sub_(ml).view(n, 256)
 
 
 def q6_k(b: torch.Tensor) -> torch.Tensor:
     """ql: 128 bytes of low 4 bits, qh: 64 bytes of high 2 bits, scales: 16 int8, d: f16."""
     n = b.shape[0]
     dl = (f16(b, 208) * b[:, 192:208].view(torch.int8)).unsqueeze(-1)  # (n, 16, 1)
-    ql = nibbles(b[:, :128].reshape(n, 2, 64)).reshape(n, 8, 32)
-    qh = bit_planes(b[:, 128:192].reshape(n, 2, 32), 2, 3).reshape(n, 8, 32)
-    q = (ql | (qh << 4)).view(torch.int8) - 32
-    return (dl * q.reshape(n, 16, 16)).reshape(n, 256)
+    ql = split_nibbles(words(b, 0, 128).view(n, 2, 8))  # (n, 2, 2, 8) words
+    qh = planes(words(b, 128, 192).view(n, 2, 4), 2, 3, lshift=4)  # (n, 2, 4, 4) words
+    q = bytes_of(ql.view(n, 32) | qh.view(n, 32), n, 16, 16, dtype=torch.int8) - 32
+    return q.float().mul_(dl).view(n, 256)
 
 
 def iq4_xs(b: torch.Tensor) -> torch.Tensor:
@@ -95,9 +107,9 @@ def iq4_xs(b: torch.Tensor) -> torch.Tensor:
     high = bit_planes(b[:, 2:4], 2, 3, dim=-1).reshape(n, 8)
     sc = (low | (high << 4)).view(torch.int8) - 32
     dl = (f16(b, 0) * sc).unsqueeze(-1)  # (n, 8, 1)
-    idx = nibbles(b[:, 8:].reshape(n, 8, 16)).reshape(n, 8, 32)
-    v = gather_rows(_iq4nl_values(b.device), idx).reshape(n, 8, 32)
-    return (dl * v).reshape(n, 256)
+    idx = split_nibbles(words(b, 8, 136).view(n, 8, 2))  # (n, 8, 2, 2) words
+    v = gather_rows(_iq4nl_values(b.device), bytes_of(idx, n, 8, 32))  # (n, 8, 32)
+    return v.mul_(dl).view(n, 256)
 
 
 def tq1_0(b: torch.Tensor) -> torch.Tensor:
@@ -112,13 +124,14 @@ def tq1_0(b: torch.Tensor) -> torch.Tensor:
     qh = (b[:, 48:52].unsqueeze(1) * p5[:4]).reshape(n, 16)
     q = torch.cat((q0, q1, qh), dim=-1).int()
     t = ((q * 3) >> 8).to(torch.int8) - 1  # (n, 256) in -1..1
-    return t * f16(b, 52)
+    return t.float().mul_(f16(b, 52))
 
 
 def tq2_0(b: torch.Tensor) -> torch.Tensor:
     """qs: 64 bytes of 2-bit codes (value - 1), d: f16 (at byte 64)."""
-    q = bit_planes(b[:, :64].reshape(-1, 2, 32), 2, 3).reshape(-1, 256)
-    return (q.view(torch.int8) - 1) * f16(b, 64)
+    n = b.shape[0]
+    q = planes(words(b, 0, 64).view(n, 2, 4), 2, 3)  # (n, 2, 4, 4) words
+    return (bytes_of(q, n, 256, dtype=torch.int8) - 1).float().mul_(f16(b, 64))
 
 
 KERNELS = {

@@ -12,98 +12,112 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from retrograd.model.dequant_blocks import bit_planes, constant, f16, gather_rows, nibbles
+from retrograd.model.dequant_blocks import (
+    bytes_of,
+    constant,
+    f16,
+    gather_rows,
+    split_nibbles,
+    words,
+)
+
+
+def _low4(b: torch.Tensor, start: int) -> torch.Tensor:
+    """16 bytes of 4-bit codes from `start` -> (n, 4) int64 words of 32 code bytes, in
+    ggml's order (low nibbles are values 0..15, high nibbles 16..31)."""
+    return split_nibbles(words(b, start, start + 16)).reshape(-1, 4)
+
+
+def _fifth_bits(b: torch.Tensor, start: int) -> torch.Tensor:
+    """The uint32 of fifth bits at `start` -> (n, 4) int64 words of 32 bytes, each 0 or 16."""
+    table = constant("bit4_bytes", b.device, _bit4_bytes)
+    return gather_rows(table, b[:, start : start + 4]).reshape(-1, 4)
+
+
+def _bit4_bytes() -> np.ndarray:
+    """(256,) int64: byte j of entry v is bit j of v, moved to bit 4."""
+    bits = (np.arange(256, dtype=np.uint8)[:, None] >> np.arange(8, dtype=np.uint8)) & 1
+    return np.ascontiguousarray(bits << 4).view(np.int64).reshape(256)
 
 
 def q4_0(b: torch.Tensor) -> torch.Tensor:
-    """d: f16, qs: 16 bytes of 4-bit values (low nibbles are 0..15, high are 16..31)."""
-    d = f16(b, 0)  # (n, 1)
-    q = nibbles(b[:, 2:]).view(torch.int8).reshape(-1, 32) - 8  # (n, 32) in -8..7
-    return q * d
+    """d: f16, qs: 16 bytes of 4-bit values; x = d * (q - 8)."""
+    n = b.shape[0]
+    q = bytes_of(_low4(b, 2), n, 32, dtype=torch.int8) - 8
+    return q.float().mul_(f16(b, 0))
 
 
 def q4_1(b: torch.Tensor) -> torch.Tensor:
     """d: f16, m: f16, qs: 16 bytes of 4-bit values; x = d * q + m."""
-    d, m = f16(b, 0), f16(b, 2)
-    q = nibbles(b[:, 4:]).reshape(-1, 32)  # (n, 32) in 0..15
-    return (q * d).add_(m)
-
-
-def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
-    """(n, 4) bytes of a little-endian uint32 -> (n, 32) bits, bit j of the word at j."""
-    return bit_planes(qh, 1, 1, dim=-1).reshape(-1, 32)
+    n = b.shape[0]
+    q = bytes_of(_low4(b, 4), n, 32)
+    return q.float().mul_(f16(b, 0)).add_(f16(b, 2))
 
 
 def q5_0(b: torch.Tensor) -> torch.Tensor:
-    """d: f16, qh: uint32 of fifth bits, qs: 16 bytes of low 4 bits."""
-    d = f16(b, 0)
-    q = nibbles(b[:, 6:]).reshape(-1, 32) | (_fifth_bits(b[:, 2:6]) << 4)  # (n, 32) in 0..31
-    return (q.view(torch.int8) - 16) * d
+    """d: f16, qh: uint32 of fifth bits, qs: 16 bytes of low 4 bits; x = d * (q - 16)."""
+    n = b.shape[0]
+    q = bytes_of(_low4(b, 6) | _fifth_bits(b, 2), n, 32, dtype=torch.int8) - 16
+    return q.float().mul_(f16(b, 0))
 
 
 def q5_1(b: torch.Tensor) -> torch.Tensor:
-    """d: f16, m: f16, qh: uint32 of fifth bits, qs: 16 bytes of low 4 bits."""
-    d, m = f16(b, 0), f16(b, 2)
-    q = nibbles(b[:, 8:]).reshape(-1, 32) | (_fifth_bits(b[:, 4:8]) << 4)
-    return (q * d).add_(m)
+    """d: f16, m: f16, qh: uint32 of fifth bits, qs: 16 bytes of low 4 bits; x = d * q + m."""
+    n = b.shape[0]
+    q = bytes_of(_low4(b, 8) | _fifth_bits(b, 4), n, 32)
+    return q.float().mul_(f16(b, 0)).add_(f16(b, 2))
 
 
 def q8_0(b: torch.Tensor) -> torch.Tensor:
     """d: f16, qs: 32 int8."""
-    return b[:, 2:].view(torch.int8) * f16(b, 0)
+    return b[:, 2:].view(torch.int8).float().mul_(f16(b, 0))
 
 
 def _iq4nl_values(device: torch.device) -> torch.Tensor:
-    return constant(
-        "iq4nl", device, lambda: np.array(quants.IQ4_NL.kvalues, dtype=np.float32).reshape(16, 1)
-    )
+    return constant("iq4nl", device, lambda: np.array(quants.IQ4_NL.kvalues, dtype=np.float32))
 
 
 def iq4_nl(b: torch.Tensor) -> torch.Tensor:
     """d: f16, qs: 16 bytes of 4-bit indices into a fixed non-linear table."""
-    d = f16(b, 0)
-    v = gather_rows(_iq4nl_values(b.device), nibbles(b[:, 2:]).reshape(-1, 32))  # (n, 32, 1)
-    return d * v.reshape(-1, 32)
+    n = b.shape[0]
+    v = gather_rows(_iq4nl_values(b.device), bytes_of(_low4(b, 2), n, 32))  # (n, 32)
+    return v.mul_(f16(b, 0))
 
 
 def _fp4_values(device: torch.device) -> torch.Tensor:
     # e2m1 values, doubled (the block scale is halved to match)
-    return constant(
-        "e2m1", device, lambda: np.array(quants.MXFP4.kvalues, dtype=np.float32).reshape(16, 1)
-    )
+    return constant("e2m1", device, lambda: np.array(quants.MXFP4.kvalues, dtype=np.float32))
 
 
 def _e8m0_half(device: torch.device) -> torch.Tensor:
     # all 256 exponents through gguf-py's own decoder: exact by construction
     return constant(
-        "e8m0_half",
-        device,
-        lambda: quants.MXFP4.e8m0_to_fp32_half(np.arange(256, dtype=np.uint8)).reshape(256, 1),
+        "e8m0_half", device, lambda: quants.MXFP4.e8m0_to_fp32_half(np.arange(256, dtype=np.uint8))
     )
 
 
 def mxfp4(b: torch.Tensor) -> torch.Tensor:
     """e: e8m0 exponent byte, qs: 16 bytes of 4-bit e2m1 codes."""
-    d = gather_rows(_e8m0_half(b.device), b[:, 0]).reshape(-1, 1)  # (n, 1)
-    v = gather_rows(_fp4_values(b.device), nibbles(b[:, 1:]).reshape(-1, 32))
-    return d * v.reshape(-1, 32)
+    n = b.shape[0]
+    d = gather_rows(_e8m0_half(b.device), b[:, 0]).reshape(n, 1)
+    v = gather_rows(_fp4_values(b.device), bytes_of(_low4(b, 1), n, 32))  # (n, 32)
+    return v.mul_(d)
 
 
 def _ue4m3(device: torch.device) -> torch.Tensor:
     def build():
-        values = quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8))
-        return values.astype(np.float32).reshape(256, 1)
+        return quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8)).astype(np.float32)
 
     return constant("ue4m3", device, build)
 
 
 def nvfp4(b: torch.Tensor) -> torch.Tensor:
     """Four sub-blocks of 16: d: 4 ue4m3 bytes, qs: 4 x 8 bytes of 4-bit e2m1 codes."""
-    d = gather_rows(_ue4m3(b.device), b[:, :4])  # (n, 4, 1)
-    qs = b[:, 4:].reshape(-1, 4, 8)
-    codes = torch.cat((qs & 0x0F, qs >> 4), dim=-1)  # (n, 4, 16)
-    v = gather_rows(_fp4_values(b.device), codes).reshape(-1, 4, 16)
-    return (d * v).reshape(-1, 64)
+    n = b.shape[0]
+    d = gather_rows(_ue4m3(b.device), b[:, :4]).reshape(n, 4, 1)
+    codes = split_nibbles(words(b, 4, 36).view(n, 4, 1))  # (n, 4, 2, 1): 16 codes each
+    v = gather_rows(_fp4_values(b.device), bytes_of(codes, n, 4, 16))  # (n, 4, 16)
+    return v.mul_(d).reshape(n, 64)
 
 
 KERNELS = {
