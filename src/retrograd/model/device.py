@@ -1,24 +1,62 @@
 """Device and thread selection: `auto`, `cpu` or `gpu`, and the compute dtype each one gets.
 
 Knows torch's device queries and the RETRO_THREADS variable; nothing about models.
+`probe_device` answers without importing torch, for metadata-only commands.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-
-import torch
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from retrograd.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICES = ("auto", "cpu", "gpu")
 
 
 def gpu_available() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 
+def probe_device(name: str = "auto") -> str:
+    """The device `resolve_device(name)` would pick, told without importing torch."""
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name}: must be one of auto, cpu, gpu")
+    if name == "cpu":
+        return "cpu"
+    cuda = _torch_cuda_version()
+    driver = Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists()
+    if cuda and driver:
+        return f"cuda (PyTorch built for CUDA {cuda})"
+    why = "PyTorch has no CUDA support" if not cuda else "no NVIDIA driver or GPU found"
+    if name == "gpu":
+        raise DeviceError(f"--device gpu: no GPU is available ({why}); use --device cpu or auto")
+    return f"cpu ({why})"
+
+
+def _torch_cuda_version() -> str | None:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    version = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    try:
+        m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version.read_text(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
 def resolve_device(name: str = "auto") -> torch.device:
+    import torch
+
     if name not in DEVICES:
         raise ConfigError(f"--device {name}: must be one of auto, cpu, gpu")
     if name == "cpu":
@@ -52,12 +90,16 @@ def _cpu_flags() -> set[str]:
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """The fast compute dtype the device has: bf16 on recent GPUs and AMX CPUs, else f32."""
+    import torch
+
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
 def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    import torch
+
     if name is None:
         return default_dtype(device)
     if isinstance(name, torch.dtype):
@@ -77,6 +119,8 @@ def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.d
 
 def configure_threads(threads: int | None = None) -> int:
     """Set torch's intra-op threads from RETRO_THREADS, else `threads`, else all cores."""
+    import torch
+
     env = os.environ.get("RETRO_THREADS")
     if env:
         try:
@@ -94,6 +138,8 @@ def configure_threads(threads: int | None = None) -> int:
 
 def available_memory(device: torch.device) -> int:
     """Bytes that could still be allocated on the device."""
+    import torch
+
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)

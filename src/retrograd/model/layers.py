@@ -50,7 +50,7 @@ class Linear(nn.Module):
         y = frozen_linear(x, self.frozen)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        if self.lora is not None:
+        if self.lora is not None and self.lora.enabled:
             y = y + self.lora(x).to(y.dtype)
         return y
 

@@ -1,0 +1,147 @@
+"""Show a GGUF model: architecture, tensor types, LoRA targets, what can be trained, device.
+
+Reads only the file's header and metadata (no torch, no weights), so it answers in about a
+second even for a 262k-token vocabulary.
+
+Example:
+  retrograd inspect --model gemma-3-270m-q4_k_m.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from retrograd.cli.common import add_device_flag, add_model_flag
+from retrograd.gguf import GGUFFile
+from retrograd.model.arch import TARGET_ALIASES
+from retrograd.model.config import ModelConfig
+from retrograd.model.device import probe_device
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_flag(p)
+    add_device_flag(p)
+
+
+def _group(name: str) -> str:
+    return re.sub(r"^blk\.\d+\.", "blk.*.", name)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def hyperparameters(cfg: ModelConfig) -> list[tuple[str, str]]:
+    swa = (
+        f"{cfg.swa_window} on {sum(cfg.swa_layers)} of {cfg.n_layer} layers"
+        if cfg.swa_window
+        else "none"
+    )
+    rows = [
+        ("layers", str(cfg.n_layer)),
+        ("embedding", str(cfg.n_embd)),
+        ("feed-forward", str(cfg.n_ff)),
+        ("attention heads", f"{cfg.n_head} query, {cfg.n_head_kv} key/value, {cfg.head_dim} dims"),
+        (
+            "rope",
+            f"{cfg.arch.rope}, {cfg.n_rot} dims, base {cfg.rope_base:g}"
+            + (f" (local layers {cfg.rope_base_swa:g})" if cfg.swa_window else ""),
+        ),
+        ("sliding window", swa),
+        ("vocabulary", f"{cfg.n_vocab:,}"),
+        ("context (trained)", f"{cfg.n_ctx_train:,}"),
+        ("rms eps", f"{cfg.rms_eps:g}"),
+        ("output head", "tied to token_embd" if cfg.tied_output else "output.weight"),
+    ]
+    if cfg.final_softcap:
+        rows.append(("logit soft-cap", f"{cfg.final_softcap:g}"))
+    if cfg.attn_softcap:
+        rows.append(("attention soft-cap", f"{cfg.attn_softcap:g}"))
+    return rows
+
+
+def lora_targets(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str, int, str]]:
+    """(alias, tensor pattern, count, shape) for every alias this model has."""
+    rows = []
+    for alias, suffix in TARGET_ALIASES.items():
+        names = [n for n in g.tensors if n == f"{suffix}.weight" or n.endswith(f".{suffix}.weight")]
+        if alias == "output" and cfg.tied_output:
+            continue
+        if names:
+            shape = "x".join(str(d) for d in g.tensors[names[0]].shape)
+            rows.append((alias, _group(names[0]), len(names), shape))
+    return rows
+
+
+def trainability(g: GGUFFile, cfg: ModelConfig) -> tuple[dict, dict]:
+    """Tensor groups that full/partial modes could train, and those that never can, with why."""
+    can, never = defaultdict(int), defaultdict(int)
+    for name, t in g.tensors.items():
+        group = _group(name)
+        if name == "token_embd.weight":
+            why = "input embedding" + (" (and the tied output head)" if cfg.tied_output else "")
+            never[(group, why)] += 1
+        elif name.startswith("rope_") or ".rope_" in name:
+            never[(group, "rotary constants")] += 1
+        elif not t.is_float:
+            never[(group, f"quantized ({t.type_name})")] += 1
+        else:
+            can[(group, t.type_name)] += 1
+    return can, never
+
+
+def run(args: argparse.Namespace) -> int:
+    g = GGUFFile(args.model)
+    cfg = ModelConfig.from_gguf(g)
+    device = probe_device(args.device)
+    con = Console()
+    con.print(
+        f"[bold]{g.path.name}[/]  {g.get('general.name', '')}  "
+        f"architecture [bold]{cfg.name}[/], {len(g.tensors)} tensors, {_mib(g.n_bytes)}"
+    )
+
+    t = Table(title="Hyper-parameters", show_header=False, title_justify="left")
+    for k, v in hyperparameters(cfg):
+        t.add_row(k, v)
+    con.print(t)
+
+    by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for info in g.tensors.values():
+        by_type[info.type_name][0] += 1
+        by_type[info.type_name][1] += info.n_bytes
+    t = Table(title="Tensor types", title_justify="left")
+    for col in ("type", "tensors", "bytes"):
+        t.add_column(col, justify="right" if col != "type" else "left")
+    for name, (count, size) in sorted(by_type.items(), key=lambda kv: -kv[1][1]):
+        t.add_row(name, str(count), _mib(size))
+    con.print(t)
+
+    t = Table(title="LoRA targets", title_justify="left")
+    for col in ("alias", "tensors", "count", "shape (out x in)"):
+        t.add_column(col)
+    for alias, pattern, count, shape in lora_targets(g, cfg):
+        t.add_row(alias, pattern, str(count), shape)
+    con.print(t)
+    con.print(
+        f"auto picks: {', '.join(cfg.arch.lora_targets_auto)}"
+        + ("  (the head is tied to token_embd: not a target)" if cfg.tied_output else "")
+    )
+
+    can, never = trainability(g, cfg)
+    t = Table(
+        title="Base tensors (training.trainable = full / partial / hybrid)", title_justify="left"
+    )
+    for col in ("tensors", "count", "trainable"):
+        t.add_column(col)
+    for (group, typ), n in sorted(can.items()):
+        t.add_row(group, str(n), f"yes ({typ})")
+    for (group, why), n in sorted(never.items()):
+        t.add_row(group, str(n), f"[red]never[/]: {why}")
+    con.print(t)
+    con.print(f"device: {device}")
+    return 0

@@ -1,0 +1,63 @@
+"""The `retrograd` command: one table of subcommands, each a thin module with add/run.
+
+Errors a user caused (RetrogradError) print as one line without a traceback and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from retrograd import __version__
+from retrograd.errors import RetrogradError
+
+# name -> (module, one-line help). Modules import torch only inside run().
+COMMANDS = {
+    "inspect": (
+        "retrograd.cli.inspect",
+        "show a GGUF model's architecture, tensors and LoRA targets",
+    ),
+    "preflight": (
+        "retrograd.cli.preflight",
+        "build one training step and list what the device cannot run",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="retrograd",
+        description="Fine-tune and reinforcement-train GGUF models as they are, on a CPU or a GPU.",
+        epilog="Run `retrograd COMMAND --help` for a command's flags.",
+    )
+    parser.add_argument("--version", action="version", version=f"retrograd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(
+            name,
+            help=help_,
+            description=mod.__doc__.strip().splitlines()[0],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="\n".join(mod.__doc__.strip().splitlines()[1:]).strip(),
+        )
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except RetrogradError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

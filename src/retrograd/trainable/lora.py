@@ -1,0 +1,169 @@
+"""LoRA on the decoder's GGUF-named linears, and adapters read from llama.cpp LoRA GGUFs.
+
+y = W x + scale * B (A x), with A (r, n_in) and B (n_out, r) as llama.cpp stores them
+(research/llama-cpp-facts.md), scale = alpha / r. Targets are aliases (q, k, v, o, qkv,
+ffn_gate, ffn_up, ffn_down, output), tensor patterns (blk.*.attn_q.weight) or `auto`.
+This module does not know optimizers or export; it attaches and reads adapters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from retrograd.errors import ConfigError, GGUFError
+from retrograd.gguf import GGUFFile
+from retrograd.model.arch import TARGET_ALIASES
+from retrograd.model.decoder import Decoder
+from retrograd.model.dequant import dequantize
+from retrograd.model.layers import Linear
+
+
+class LoRA(nn.Module):
+    """The low-rank update of one linear. `enabled = False` makes its model the base model."""
+
+    def __init__(
+        self,
+        n_in: int,
+        n_out: int,
+        rank: int,
+        alpha: float,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
+        super().__init__()
+        self.lora_a = nn.Parameter(torch.zeros(rank, n_in, dtype=dtype, device=device))
+        self.lora_b = nn.Parameter(torch.zeros(n_out, rank, dtype=dtype, device=device))
+        self.rank = rank
+        self.alpha = alpha
+        self.scale = alpha / rank if alpha else 1.0  # llama.cpp: alpha 0 means no scaling
+        self.enabled = True
+
+    def reset(self, generator: torch.Generator) -> None:
+        """PEFT's initialisation: A Kaiming-uniform (a = sqrt 5), B zero, so W starts unchanged."""
+        bound = 1.0 / math.sqrt(self.lora_a.shape[1])  # kaiming_uniform with a=sqrt(5)
+        with torch.no_grad():
+            a = torch.rand(self.lora_a.shape, generator=generator, dtype=torch.float32)
+            self.lora_a.copy_((a * 2 - 1) * bound)
+            self.lora_b.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.lora_a.to(x.dtype), self.lora_b.to(x.dtype)
+        return (x @ a.T) @ b.T * self.scale  # (..., n_out)
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha}"
+
+
+def linear_modules(decoder: Decoder) -> dict[str, Linear]:
+    """GGUF base names (`blk.3.attn_q`, `output`) of every linear of the decoder."""
+    out = {}
+    for name, module in decoder.named_modules():
+        if isinstance(module, Linear):
+            out[name] = module
+    return out
+
+
+def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...]) -> list[str]:
+    """Linear base names selected by aliases, tensor patterns or `auto`, in model order."""
+    chosen: set[str] = set()
+    for target in targets:
+        expanded = auto if target == "auto" else (target,)
+        for t in expanded:
+            matched = _match(names, t)
+            if not matched:
+                raise ConfigError(
+                    f"[lora].targets: {t!r} matches no tensor of this model "
+                    f"(aliases: {', '.join(TARGET_ALIASES)}; or a pattern like blk.*.attn_q.weight)"
+                )
+            chosen.update(matched)
+    return [n for n in names if n in chosen]
+
+
+def _match(names: list[str], target: str) -> list[str]:
+    if target in TARGET_ALIASES:
+        suffix = TARGET_ALIASES[target]
+        return [n for n in names if n == suffix or n.endswith("." + suffix)]
+    pattern = target if target.endswith(".weight") or "*" in target else target + ".weight"
+    return [n for n in names if fnmatch.fnmatchcase(n + ".weight", pattern)]
+
+
+def attach_lora(
+    decoder: Decoder,
+    targets: list[str],
+    rank: int,
+    alpha: float,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, LoRA]:
+    """Give each targeted linear a fresh adapter; returns them by base name."""
+    modules = linear_modules(decoder)
+    chosen = resolve_targets(list(modules), targets, decoder.cfg.arch.lora_targets_auto)
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in chosen:
+        lin = modules[name]
+        lora = LoRA(lin.in_features, lin.out_features, rank, alpha, dtype)
+        lora.reset(gen)
+        lin.lora = lora.to(decoder.device)
+        out[name] = lin.lora
+    return out
+
+
+def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -> dict[str, LoRA]:
+    """Apply a llama.cpp LoRA GGUF (ours or converted elsewhere); its weights stay frozen."""
+    g = GGUFFile(path)
+    where = g.path.name
+    if g.get("general.type") != "adapter" or g.get("adapter.type") != "lora":
+        raise GGUFError(f"{where}: not a LoRA adapter (general.type = {g.get('general.type')!r})")
+    if g.get("general.architecture") != decoder.cfg.name:
+        raise GGUFError(
+            f"{where}: adapter for {g.get('general.architecture')!r}, model is {decoder.cfg.name!r}"
+        )
+    alpha = float(g.get("adapter.lora.alpha", 0.0))
+    modules = linear_modules(decoder)
+    out = {}
+    for name in sorted(t[: -len(".lora_a")] for t in g.tensors if t.endswith(".lora_a")):
+        if name.endswith("_norm.weight"):
+            continue  # llama.cpp ignores adapters on norms
+        base = name.removesuffix(".weight")
+        if base not in modules:
+            raise GGUFError(
+                f"{where}: {name}.lora_a targets a tensor this model has no linear for ({base})"
+            )
+        a_info, b_info = g.tensor(name + ".lora_a"), g.tensor(name + ".lora_b")
+        a, b = _dense(a_info), _dense(b_info)
+        lin = modules[base]
+        if (
+            a.shape[1] != lin.in_features
+            or b.shape[0] != lin.out_features
+            or a.shape[0] != b.shape[1]
+        ):
+            raise GGUFError(
+                f"{where}: {name}: lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)} "
+                f"do not fit a {lin.out_features}x{lin.in_features} weight"
+            )
+        lora = LoRA(lin.in_features, lin.out_features, a.shape[0], alpha)
+        lora.scale *= scale
+        with torch.no_grad():
+            lora.lora_a.copy_(a)
+            lora.lora_b.copy_(b)
+        lora.requires_grad_(False)
+        lin.lora = lora.to(decoder.device)
+        out[base] = lin.lora
+    if not out:
+        raise GGUFError(f"{where}: adapter holds no lora_a/lora_b tensors")
+    return out
+
+
+def _dense(info) -> torch.Tensor:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(info.data)
+    return dequantize(raw, info.ggml_type, info.shape)
