@@ -76,8 +76,8 @@ def preflight(decoder: Decoder, targets: list[str], tokens: int = 16) -> Preflig
     except NotImplementedError:
         pass
     finally:
-        for name, lora in adapters.items():  # leave the model as it was
-            owner = dict(decoder.named_modules())[name]
-            owner.lora = None
+        modules = dict(decoder.named_modules())
+        for name in adapters:  # leave the model as it was
+            modules[name].lora = None
     report.seconds = time.perf_counter() - start
     return report
