@@ -88,7 +88,7 @@ def validate_run(
 ) -> RunConfig:
     """Validate an already-parsed run document (from TOML or JSON); see `load_run`."""
     context = {"base_dir": Path(base_dir)} if base_dir is not None else None
-    draft, found = _sections(data, context)
+    draft, found = _sections(data, context, _not_applying(data))
     draft.resume = bool(resume)
     found += _presence(draft)
     found += _model_overrides(draft, model, device)
@@ -106,11 +106,25 @@ def _adapter(name: str) -> TypeAdapter:
     return TypeAdapter(RunConfig.model_fields[name].annotation)
 
 
-def _sections(data: dict[str, Any], context: dict | None) -> tuple[Draft, list[Issue]]:
+def _not_applying(data: dict[str, Any]) -> set[str]:
+    """Sections the algorithm does not read: reported as such, their keys not checked."""
+    run = data.get("run")
+    algorithm = run.get("algorithm") if isinstance(run, dict) else None
+    if algorithm not in ALGORITHM_SECTIONS:
+        return set()
+    skip = set(ALGORITHM_SECTIONS.values()) - {ALGORITHM_SECTIONS[algorithm]}
+    return skip | ({"observe"} if algorithm not in OBSERVE_ALGORITHMS else set())
+
+
+def _sections(
+    data: dict[str, Any], context: dict | None, skip: set[str]
+) -> tuple[Draft, list[Issue]]:
     found: list[Issue] = []
     sections: dict[str, Any] = {}
     failed: set[str] = set()
     for name, value in data.items():
+        if name in skip:
+            continue
         if name not in SECTION_NAMES:
             if isinstance(value, dict):
                 found.append(issue(name, None, "unknown section" + _section_hint(name)))

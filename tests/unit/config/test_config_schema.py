@@ -1,0 +1,100 @@
+"""The JSON Schema, the examples, the generated docs and `retrograd-server config-schema`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+from config_runs import run_doc
+
+from retrograd.config import json_schema, load_run
+from retrograd.config.docs import BEGIN, END, key_tables
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
+
+
+def validator():
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_schema_is_draft_2020_12_with_our_defaults():
+    schema = json_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    training = schema["$defs"]["TrainingSection"]["properties"]
+    assert training["micro_batch"]["default"] == 32
+    assert training["max_gpu_duty_cycle"]["exclusiveMinimum"] == 0
+    assert "description" in training["lr"]
+    assert schema["$defs"]["GrpoSection"]["additionalProperties"] is False
+
+
+def test_schema_refuses_what_the_models_refuse():
+    v = validator()
+    assert not list(v.iter_errors(run_doc("grpo")))
+    assert list(v.iter_errors(run_doc("grpo", sft={"data": "d"})))  # section of another algorithm
+    assert list(v.iter_errors(run_doc("grpo", grpo={"group_size": 1})))
+    assert list(v.iter_errors(run_doc(training={"lr_rate": 1})))
+    assert list(v.iter_errors(run_doc("sft", observe={"directory": "o"})))
+
+
+def test_every_algorithm_and_mode_has_an_example():
+    assert len(EXAMPLES) >= 10
+    algorithms, modes = set(), set()
+    for path in EXAMPLES:
+        config = tomllib.loads(path.read_text())
+        algorithms.add(config["run"]["algorithm"])
+        modes.add(config.get("training", {}).get("trainable", "lora"))
+    assert algorithms == {"sft", "ppo", "grpo", "distill", "preference", "agent_grpo"}
+    assert modes == {"lora", "full", "partial", "hybrid"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_valid_for_models_and_schema(path):
+    config = load_run(path, model="model.gguf")
+    assert config.output.path.is_relative_to(path.parent)
+    errors = [e.message for e in validator().iter_errors(tomllib.loads(path.read_text()))]
+    assert errors == []
+
+
+def test_docs_key_tables_in_sync():
+    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    generated = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert generated.strip() == key_tables().strip(), (
+        "regenerate: python -m retrograd.config.docs docs/configuration.md"
+    )
+
+
+def test_config_schema_command_is_fast_and_torch_free():
+    code = (
+        "import sys, time; t = time.perf_counter(); from retrograd.cli.server import main;"
+        "import retrograd.config; rc = main(['config-schema', '--compact']);"
+        "print('torch' in sys.modules, time.perf_counter() - t, file=sys.stderr); sys.exit(rc)"
+    )
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    schema = json.loads(done.stdout)
+    assert schema == json_schema()
+    torch_loaded, seconds = done.stderr.split()
+    assert torch_loaded == "False"
+    assert float(seconds) < 2.0 and wall < 10.0  # well under a second on an idle machine
+
+
+def test_config_schema_help_and_output_file(tmp_path):
+    from retrograd.cli.server import main
+
+    out = tmp_path / "schema.json"
+    assert main(["config-schema", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["title"] == "Retrograd run file"
+    with pytest.raises(SystemExit) as caught:
+        main(["config-schema", "--help"])
+    assert caught.value.code == 0
+    assert main([]) == 2
