@@ -88,9 +88,9 @@ def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> 
 def build_decoder(
     g: GGUFFile, device: torch.device, dtype: torch.dtype, cache_mode: str = "auto"
 ) -> tuple[Decoder, LoadReport]:
-    cfg = ModelConfig.from_gguf(g)
     for info in g.tensors.values():
         check_supported(info.ggml_type, where=f"{g.path.name}: tensor {info.name}")
+    cfg = ModelConfig.from_gguf(g)
     matmul = [t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) == 2]
     dense_bytes = sum(t.n_elements for t in matmul) * torch.finfo(dtype).bits // 8
     cache_on, reason = decide_cache(dense_bytes, device, cache_mode)

@@ -1,0 +1,138 @@
+"""Decoder invariants: fast paths equal slow ones, frozen weights stay frozen and unsaved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import retrograd
+from retrograd.errors import ConfigError, DeviceError
+from retrograd.model.arch import ROPE_NEOX, ROPE_NORM
+from retrograd.model.device import configure_threads, resolve_device
+from retrograd.model.kv_cache import KVCache
+from retrograd.model.rope import apply_rope, rope_angles
+from retrograd.trainable.lora import attach_lora
+
+IDS = [1, 300, 301, 17, 260, 400, 401, 402, 5, 6, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]
+
+
+def load(path, **kw):
+    return retrograd.load(path, device="cpu", dtype=kw.pop("dtype", torch.float32), **kw)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama3", "phi3", "gemma2"])
+def test_cached_decoding_equals_full_recompute(tiny_model, name):
+    # gemma3's tiny window is 8: decoding 20 tokens crosses it on the local layers.
+    m = load(tiny_model(name))
+    ids = torch.tensor([IDS])
+    full = m.decoder.head(m.decoder(ids))
+    cache = KVCache.empty(m.config, 1, 32, torch.float32, m.device)
+    steps = [m.decoder.head(m.decoder(ids[:, :5], start=0, cache=cache))]
+    for t in range(5, ids.shape[1]):
+        steps.append(m.decoder.head(m.decoder(ids[:, t : t + 1], start=t, cache=cache)))
+    # NOTE: llama.cpp's f16 GELU table (emulated in float32) turns reassociation noise into
+    # an occasional f16 step, hence 1e-3 rather than 1e-4.
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-3, rtol=1e-3)
+
+
+def test_cache_fan_out_gives_each_sequence_the_prompt(tiny_model):
+    m = load(tiny_model("qwen3"))
+    prompt = torch.tensor([IDS[:6]])
+    cache = KVCache.empty(m.config, 1, 16, torch.float32, m.device)
+    m.decoder(prompt, cache=cache)
+    group = cache.expand(3)
+    nxt = torch.tensor([[7], [8], [9]])
+    out = m.decoder.head(m.decoder(nxt, start=6, cache=group))[:, 0]
+    for i in range(3):
+        ref = m.decoder.head(m.decoder(torch.cat([prompt, nxt[i : i + 1]], 1)))[0, -1]
+        torch.testing.assert_close(out[i], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_dense_cache_on_and_off_give_identical_logits(tiny_model):
+    path = tiny_model("gemma3", "MOSTLY_Q4_K_M")
+    on, off = load(path, cache="on"), load(path, cache="off")
+    assert on.report.cache and not off.report.cache
+    assert torch.equal(on.logits(IDS), off.logits(IDS))
+
+
+def test_bf16_path_stays_close_to_f32(tiny_model):
+    path = tiny_model("llama3", "MOSTLY_Q8_0")
+    f32 = load(path).logits(IDS)
+    bf16 = load(path, dtype=torch.bfloat16).logits(IDS)
+    assert bf16.dtype == torch.float32
+    assert (f32.argmax(-1) == bf16.argmax(-1)).float().mean() >= 0.9
+    assert (f32 - bf16).abs().max() < 0.05 * f32.abs().max()
+
+
+def test_frozen_backward_keeps_no_dense_weight(tiny_model):
+    m = load(tiny_model("llama", "MOSTLY_Q4_0"), cache="off")
+    loras = attach_lora(m.decoder, ["auto"], rank=4, alpha=8.0, seed=0)
+    weight_shapes = {tuple(lin.frozen.shape) for lin in _linears(m)}
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        logits = m.decoder.head(m.decoder(torch.tensor([IDS])))
+    dense = [t for t in saved if t.dtype.is_floating_point and tuple(t.shape) in weight_shapes]
+    assert dense == [], f"dense weights kept for backward: {[tuple(t.shape) for t in dense]}"
+    F.cross_entropy(logits[0, :-1], torch.tensor(IDS[1:])).backward()
+    # B starts at zero, so only B's gradient is non-zero after the first backward.
+    assert all(lo.lora_a.grad is not None for lo in loras.values())
+    assert all(lo.lora_b.grad.abs().sum() > 0 for lo in loras.values())
+
+
+def _linears(m):
+    from retrograd.trainable.lora import linear_modules
+
+    return linear_modules(m.decoder).values()
+
+
+def test_frozen_linear_gradient_equals_dense_autograd(tiny_model):
+    from retrograd.model.frozen import frozen_linear
+
+    m = load(tiny_model("qwen2", "MOSTLY_Q5_K_S"), cache="off")
+    frozen = m.decoder.blk[0].attn_q.frozen
+    x = torch.randn(2, 3, frozen.shape[1], requires_grad=True)
+    frozen_linear(x, frozen).pow(2).sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    F.linear(x2, frozen.dequantize(torch.float32)).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("style", [ROPE_NORM, ROPE_NEOX])
+def test_rope_is_a_rotation_of_the_right_pairs(style):
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, 2, 8)
+    cos, sin = rope_angles(torch.arange(5), 8, 10000.0)
+    out = apply_rope(x, cos, sin, style)
+    idx = (
+        [(2 * i, 2 * i + 1) for i in range(4)]
+        if style == ROPE_NORM
+        else [(i, i + 4) for i in range(4)]
+    )
+    for i, (a, b) in enumerate(idx):
+        for p in range(5):
+            theta = p * 10000.0 ** (-2 * i / 8)
+            z = torch.complex(x[0, p, :, a], x[0, p, :, b]) * complex(
+                math.cos(theta), math.sin(theta)
+            )
+            torch.testing.assert_close(out[0, p, :, a], z.real, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out[0, p, :, b], z.imag, atol=1e-5, rtol=1e-5)
+
+
+def test_device_and_threads(monkeypatch):
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="--device gpu"):
+            resolve_device("gpu")
+        assert resolve_device("auto").type == "cpu"
+    monkeypatch.setenv("RETRO_THREADS", "1")
+    assert configure_threads(4) == 1
+    monkeypatch.setenv("RETRO_THREADS", "zero")
+    with pytest.raises(ConfigError, match="RETRO_THREADS"):
+        configure_threads()
+    monkeypatch.delenv("RETRO_THREADS")
+    with pytest.raises(ConfigError, match="threads = 0"):
+        configure_threads(0)
+    torch.set_num_threads(2)
