@@ -115,28 +115,41 @@ class Tokenizer:
         User-defined tokens are always recognized, as in llama.cpp.
         """
         v = self.vocab
-        frags = self._splitters[parse_special].split(text)
-        raws = []
-        prev_special = True  # SPM: a space prefix goes on the first fragment
-        for f in frags:
-            if isinstance(f, str):
-                raws.append(
-                    " " + f if v.add_space_prefix and prev_special and v.kind == "spm" else f
-                )
-            prev_special = not isinstance(f, str)
-        encoded = iter(self._encode_raw(raws))
         out = []
         if add_bos and v.add_bos:
             if v.bos_id < 0:
                 raise TokenizerError("the vocabulary asks for BOS but has no BOS token")
             out.append(v.bos_id)
-        for f in frags:
-            if isinstance(f, str):
-                out.extend(next(encoded))
-            else:
-                out.append(f)
+        out += self.tokenize_pieces([text], parse_special)[0]
         if add_bos and v.add_eos and v.eos_id >= 0:
             out.append(v.eos_id)
+        return out
+
+    def tokenize_pieces(self, pieces: list[str], parse_special: bool = True) -> list[list[int]]:
+        """Ids of consecutive pieces of one text, each tokenized on its own (no BOS/EOS).
+
+        A piece boundary is a merge boundary: this is how a prompt and the tokens a model
+        generates after it line up. The SPM space prefix goes only where llama.cpp puts it
+        in the whole text: at the start, and after a special token.
+        """
+        v = self.vocab
+        prefix = v.add_space_prefix and v.kind == "spm"
+        splitter = self._splitters[parse_special]
+        frags_per_piece = [splitter.split(p) for p in pieces]
+        raws = []
+        prev_special = True
+        for frags in frags_per_piece:
+            for f in frags:
+                if isinstance(f, str):
+                    raws.append(" " + f if prefix and prev_special else f)
+                prev_special = not isinstance(f, str)
+        encoded = iter(self._encode_raw(raws))
+        out = []
+        for frags in frags_per_piece:
+            ids = []
+            for f in frags:
+                ids.extend(next(encoded) if isinstance(f, str) else [f])
+            out.append(ids)
         return out
 
     def split_special(self, text: str, parse_special: bool = True) -> list[Fragment]:
