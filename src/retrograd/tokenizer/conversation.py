@@ -31,6 +31,8 @@ from retrograd.tokenizer.toolcalls import (
     detect_format,
 )
 
+_SENTINEL = "\u2063retrograd-content\u2063"
+
 
 @dataclass(frozen=True)
 class EncodedConversation:
@@ -131,17 +133,28 @@ class ChatFormat:
             prompt = render(msgs[:i], tools=tmpl_tools, add_generation_prompt=True)
             turn = render(msgs[: i + 1], tools=tmpl_tools)
             c = _common_prefix(prompt, turn)
+            content_at = self._content_start(msgs, i, turn, tmpl_tools)
             if c < len(prompt):
                 notes.append(
                     f"message {i}: the generation prompt is not a prefix of the rendered turn"
                 )
+                c = content_at if content_at is not None else c
             written = turn[c:]
             if full.startswith(turn) and c >= pos:
                 start = c
             else:
                 prefix_stable = False
-                start = full.find(written, pos)
-                if start < 0 or not written:
+                start = full.find(written, pos) if written else -1
+                # e.g. an empty <think> block, or an EOS, rendered only on the last turn
+                tries = [written, self._through_eog(written)]
+                if content_at is not None and content_at > c:
+                    tries += [turn[content_at:], self._through_eog(turn[content_at:])]
+                for cand in tries:
+                    start = full.find(cand, pos) if cand else -1
+                    if start >= 0:
+                        written = cand
+                        break
+                if start < 0:
                     raise TokenizerError(
                         f"message {i}: the chat template renders this assistant turn differently "
                         "once later messages follow, and the turn cannot be found in the full text"
@@ -153,6 +166,28 @@ class ChatFormat:
                 "the template is not prefix-stable: earlier turns change when later ones follow"
             )
         return self._tokenize_spans(full, spans, prefix_stable, notes)
+
+    def _through_eog(self, text: str) -> str:
+        """`text` up to and including its first end-of-generation token text."""
+        tok = self.tokenizer
+        ends = [
+            k + len(t)
+            for t in (
+                tok.token_to_piece(i, special=True).decode("utf-8", "replace") for i in tok.eot_ids
+            )
+            if t and (k := text.find(t)) >= 0
+        ]
+        return text[: min(ends)] if ends else ""
+
+    def _content_start(self, msgs, i, turn, tools) -> int | None:
+        """Where message i's content starts in `turn`, found with a sentinel content."""
+        probe = [*msgs[:i], dict(msgs[i], content=_SENTINEL)]
+        try:
+            text = self.template.render(probe, tools=tools)
+        except TokenizerError:
+            return None
+        at = text.find(_SENTINEL)
+        return at if at >= 0 and text[:at] == turn[:at] else None
 
     def _tokenize_spans(
         self, full: str, spans, prefix_stable: bool, notes: list[str]

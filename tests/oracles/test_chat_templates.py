@@ -1,0 +1,160 @@
+"""Chat templates: every real template of llama.cpp's models/templates renders; our fallbacks
+equal llama.cpp's built-in formats; conversations of real templates get the right masks."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+
+import pytest
+
+from retrograd.errors import ConfigError, TokenizerError
+from retrograd.gguf import GGUFFile
+from retrograd.tokenizer import Tokenizer
+from retrograd.tokenizer.conversation import ChatFormat
+from retrograd.tokenizer.fallbacks import FALLBACKS, chat_template, detect_family, special_text
+from retrograd.tokenizer.records import validate_record
+from retrograd.tokenizer.template import ChatTemplate, TemplateError
+
+pytestmark = pytest.mark.oracle
+
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+# Templates that need inputs no chat record has; each fails with an error naming the construct.
+NEEDS_MORE = {"fireworks-ai-llama-3-firefunction-v2.jinja": "'functions' is undefined"}
+
+
+@functools.cache
+def tokenizer(path: str) -> Tokenizer:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Tokenizer.from_gguf(GGUFFile(path))
+
+
+def render_any(t: ChatTemplate, gen: bool) -> str:
+    try:
+        return t.render(CHAT, add_generation_prompt=gen)
+    except TemplateError:  # some templates refuse a system message
+        return t.render(CHAT[1:], add_generation_prompt=gen)
+
+
+def test_every_real_template_renders(llama_vendor):
+    paths = sorted((llama_vendor / "templates").glob("*.jinja"))
+    assert len(paths) >= 60
+    for path in paths:
+        t = ChatTemplate(path.read_text(), "<s>", "</s>", name=path.name)
+        if path.name in NEEDS_MORE:
+            with pytest.raises(TemplateError, match=NEEDS_MORE[path.name]):
+                render_any(t, True)
+            continue
+        text = render_any(t, True)
+        assert "What is 2+2?" in text and "Hello! How can I help?" in text, path.name
+        t.supports_tools  # noqa: B018  (the probe must not raise)
+
+
+def _llama_builtin(name: str, messages: list[dict], add_ass: bool) -> str:
+    import llama_cpp
+
+    arr = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages]
+    )
+    buf = ctypes.create_string_buffer(1 << 14)
+    n = llama_cpp.llama_chat_apply_template(
+        name.encode(), arr, len(messages), add_ass, buf, 1 << 14
+    )
+    assert 0 < n <= 1 << 14
+    return buf.raw[:n].decode()
+
+
+@pytest.mark.parametrize(
+    "family,llama_name",
+    [("chatml", "chatml"), ("gemma", "gemma"), ("llama3", "llama3"), ("phi3", "phi3"),
+     ("mistral", "mistral-v3"), ("mistral-v7", "mistral-v7")],
+)  # fmt: skip
+def test_fallbacks_equal_llama_builtin_formats(family, llama_name):
+    t = ChatTemplate(FALLBACKS[family], name=family)
+    messages = [dict(m, content=f"  {m['content']} ") for m in CHAT]  # exercise trimming
+    for n in (2, 3, 5):
+        for gen in (False, True):
+            if family.startswith("mistral") and gen:
+                continue  # llama.cpp's mistral formats have no generation prompt
+            assert t.render(messages[:n], add_generation_prompt=gen) == _llama_builtin(
+                llama_name, messages[:n], gen
+            ), (family, n, gen)
+
+
+def test_gemma_model_gets_the_gemma_fallback(gemma_path):
+    tok = tokenizer(str(gemma_path))
+    g = GGUFFile(gemma_path)
+    assert "tokenizer.chat_template" not in g.metadata
+    assert detect_family(tok) == "gemma"
+    t = chat_template(tok, g.metadata)
+    assert t.name == "gemma" and t.bos_token == "<bos>" and t.eos_token == "<eos>"
+    assert not t.supports_tools
+
+
+def test_vocab_without_markers_is_a_clear_error(llama_vendor):
+    tok = tokenizer(str(llama_vendor / "ggml-vocab-gpt-2.gguf"))
+    with pytest.raises(TokenizerError, match="no chat template"):
+        chat_template(tok, {})
+
+
+def test_reserved_template_variables_are_refused():
+    with pytest.raises(ConfigError, match="template_variables.messages: reserved"):
+        ChatTemplate(FALLBACKS["chatml"], variables={"messages": []})
+    t = ChatTemplate(
+        "{{ 'on' if enable_thinking else 'off' }}", variables={"enable_thinking": False}
+    )
+    assert t.render([]) == "off"
+
+
+# (template file, vocab file): real templates with a vocabulary of their family
+REAL = [
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2"),
+    ("Qwen-Qwen3-0.6B.jinja", "qwen2"),
+    ("Qwen3.5-4B.jinja", "qwen35"),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama-bpe"),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama-bpe"),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama-bpe"),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", "phi-3"),
+    ("google-gemma-2-2b-it.jinja", "gemma"),
+    ("google-gemma-4-31B-it.jinja", "gemma-4"),
+    ("HuggingFaceTB-SmolLM3-3B.jinja", "qwen2"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "llama-spm"),
+]
+
+
+def _vocab(llama_vendor, gemma_path, name: str) -> Tokenizer:
+    if name == "gemma":
+        return tokenizer(str(gemma_path))
+    return tokenizer(str(llama_vendor / f"ggml-vocab-{name}.gguf"))
+
+
+@pytest.mark.parametrize("template,vocab", REAL)
+def test_real_template_masks(llama_vendor, gemma_path, template, vocab):
+    """Trained tokens are exactly each assistant reply and the end-of-turn token after it."""
+    tok = _vocab(llama_vendor, gemma_path, vocab)
+    source = (llama_vendor / "templates" / template).read_text()
+    bos, eos = special_text(tok, tok.bos_id), special_text(tok, tok.eos_id)
+    fmt = ChatFormat(tok, ChatTemplate(source, bos, eos, name=template))
+    record = {"messages": CHAT if "gemma-2" not in template else CHAT[1:]}
+    messages, _ = validate_record(record, "t.jsonl:1")
+    enc = fmt.encode(messages)
+    assert len(enc.ids) == len(enc.train_mask)
+    trained = tok.detokenize(
+        [i for i, m in zip(enc.ids, enc.train_mask, strict=True) if m], special=True
+    )
+    assert "Hello! How can I help?" in trained and "4" in trained
+    assert "Hi there" not in trained and "What is 2+2?" not in trained
+    eog = [i for i, m in zip(enc.ids, enc.train_mask, strict=True) if m and tok.is_eog(i)]
+    assert len(eog) == 2, template  # one end-of-turn per assistant reply
+    assert (
+        enc.ids == tok.tokenize(enc.text, add_bos=True, parse_special=True)
+        or not enc.whole_text_equal
+    )
