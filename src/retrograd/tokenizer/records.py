@@ -58,6 +58,10 @@ def validate_record(
     is_tool_record = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs)
     _check_order(msgs, where, is_tool_record)
     _check_calls(msgs, where, declared, tool_format)
+    if is_tool_record and msgs[-1]["role"] not in ("assistant", "tool"):
+        raise DataError(
+            f"{where}: a tool record must end on an assistant turn or on its call results"
+        )
     if require_assistant and not any(m["role"] == "assistant" for m in msgs):
         raise DataError(f"{where}: no assistant message to train on")
     return msgs, tools
@@ -100,11 +104,6 @@ def _check_order(msgs: list[dict], where: str, is_tool_record: bool) -> None:
                 f"{where}: message {i}: the conversation must start with a user message"
             )
         prev = role
-    last = msgs[-1]["role"]
-    if is_tool_record and last not in ("assistant", "tool"):
-        raise DataError(
-            f"{where}: a tool record must end on an assistant turn or on its call results"
-        )
 
 
 def _check_calls(msgs: list[dict], where: str, declared: set[str], fmt: ToolFormat | None) -> None:
@@ -145,7 +144,7 @@ def _call(c: Any, where: str, i: int, k: int, declared: set[str], auto_id: str) 
     try:
         args = normalize_arguments(fn.get("arguments", {}))
     except ValueError as e:
-        raise DataError(f"{place} ({name}): {e}") from None
+        raise DataError(f"{place} ({name}): arguments are not a JSON object: {e}") from None
     cid = c.get("id") or auto_id
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
 
