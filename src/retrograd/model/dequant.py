@@ -112,7 +112,10 @@ def dequantize(
         )
     flat = data.reshape(-1)
     if qtype in _FLOATS:
-        return _as_float(flat, _FLOATS[qtype]).view(shape).to(dtype)
+        values = _as_float(flat, _FLOATS[qtype]).view(shape)
+        if dtype not in (values.dtype, torch.float32):
+            values = values.float()  # NOTE: torch's direct f16 <-> bf16 casts are ~5x slower
+        return values.to(dtype)
     if expected == 0:
         return torch.empty(shape, dtype=dtype, device=data.device)
     blocks = flat.view(-1, GGML_QUANT_SIZES[qtype][1])  # (n_blocks, type_size)

@@ -48,14 +48,19 @@ def shifts(values: tuple[int, ...], shape: tuple[int, ...], device: torch.device
 # -- fields ----------------------------------------------------------------------------------
 
 
-def f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
-    """The f16 field at byte `offset` of each block, as (n_blocks, 1) float32."""
-    try:  # a strided view of the blocks as f16 when sizes and offsets are even
-        return blocks.view(torch.float16)[:, offset // 2 : offset // 2 + 1].float()
+def f16(blocks: torch.Tensor, offset: int, count: int = 1) -> torch.Tensor:
+    """`count` (1 or 2) consecutive f16 fields from byte `offset` of each block, as
+    (n, count) float32."""
+    try:  # a strided 1-D view of the blocks: f16 (count 1) or a uint32 holding two f16
+        if count == 1:
+            return blocks.view(torch.float16)[:, offset // 2 : offset // 2 + 1].float()
+        if count == 2 and offset % 4 == 0:
+            pairs = blocks.view(torch.int32)[:, offset // 4].contiguous()
+            return pairs.view(torch.float16).float().view(-1, 2)
     except RuntimeError:
         pass
-    # a fresh (n, 2) copy starts at offset 0 of its storage, so the view is always legal
-    return blocks[:, offset : offset + 2].clone().view(torch.float16).float()
+    # a fresh copy starts at offset 0 of its storage, so the view is always legal
+    return blocks[:, offset : offset + 2 * count].clone().view(torch.float16).float()
 
 
 def words(blocks: torch.Tensor, start: int, stop: int, dtype=torch.int64) -> torch.Tensor:

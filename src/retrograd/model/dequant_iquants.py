@@ -70,7 +70,7 @@ def iq2_xxs(b: torch.Tensor) -> torch.Tensor:
     db = _half_scale(f16(b, 0), s, 0.25)  # (n, 8, 1, 1)
     signs = gather_rows(_ksigns(b.device), _ksign_index(low))  # (n, 8, 4, 8)
     g = gather_rows(grid("IQ2_XXS", b.device), words[:, :, :4])  # (n, 8, 4, 8)
-    return (db * g * signs).reshape(n, 256)
+    return g.mul_(db).mul_(signs).view(n, 256)  # (db * grid) * signs, in place
 
 
 def iq2_xs(b: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ def iq2_xs(b: torch.Tensor) -> torch.Tensor:
     db = _half_scale(f16(b, 0), sc, 0.25)  # (n, 16, 1, 1)
     signs = gather_rows(_ksigns(b.device), qs >> 9).reshape(n, 16, 2, 8)
     g = gather_rows(grid("IQ2_XS", b.device), qs & 511).reshape(n, 16, 2, 8)
-    return (db * g * signs).reshape(n, 256)
+    return g.mul_(db).mul_(signs).view(n, 256)  # (db * grid) * signs, in place
 
 
 def iq2_s(b: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ def iq2_s(b: torch.Tensor) -> torch.Tensor:
     qh = bit_planes(b[:, 66:74], 2, 3, dim=-1).reshape(n, 32).int()
     idx = b[:, 2:34].int() | (qh << 8)
     g = gather_rows(grid("IQ2_S", b.device), idx).reshape(n, 16, 2, 8)
-    return (db * g * signs).reshape(n, 256)
+    return g.mul_(db).mul_(signs).view(n, 256)  # (db * grid) * signs, in place
 
 
 def iq3_xxs(b: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ def iq3_xxs(b: torch.Tensor) -> torch.Tensor:
     db = _half_scale(f16(b, 0), s, 0.5)  # (n, 8, 1, 1)
     signs = gather_rows(_ksigns(b.device), _ksign_index(low))  # (n, 8, 4, 8)
     g = gather_rows(grid("IQ3_XXS", b.device), b[:, 2:66]).reshape(n, 8, 4, 8)
-    return (db * g * signs).reshape(n, 256)
+    return g.mul_(db).mul_(signs).view(n, 256)  # (db * grid) * signs, in place
 
 
 def iq3_s(b: torch.Tensor) -> torch.Tensor:
@@ -117,7 +117,7 @@ def iq3_s(b: torch.Tensor) -> torch.Tensor:
     qh = bit_planes(b[:, 66:74], 1, 1, dim=-1).reshape(n, 64).int()
     idx = b[:, 2:66].int() | (qh << 8)
     g = gather_rows(grid("IQ3_S", b.device), idx).reshape(n, 8, 4, 8)
-    return (db * g * signs).reshape(n, 256)
+    return g.mul_(db).mul_(signs).view(n, 256)  # (db * grid) * signs, in place
 
 
 def _delta(negative: torch.Tensor) -> torch.Tensor:
@@ -136,7 +136,7 @@ def iq1_s(b: torch.Tensor) -> torch.Tensor:
     high = (qh.unsqueeze(-1) >> shifts((0, 3, 6, 9), (4,), b.device, torch.int32)) & 7
     idx = b[:, 2:34].int() | (high.reshape(n, 32) << 8)
     g = gather_rows(grid("IQ1_S", b.device), idx).reshape(n, 8, 4, 8)
-    return (dl * (g + delta)).reshape(n, 256)
+    return g.add_(delta).mul_(dl).view(n, 256)  # dl * (grid + delta), in place
 
 
 def iq1_m(b: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ def iq1_m(b: torch.Tensor) -> torch.Tensor:
     idx = b[:, :32].int() | ((qh & 7).int() << 8)
     delta = _delta((qh & 8) != 0).reshape(n, 8, 2, 2, 1)
     g = gather_rows(grid("IQ1_M", b.device), idx).reshape(n, 8, 2, 2, 8)
-    return (dl * (g + delta)).reshape(n, 256)
+    return g.add_(delta).mul_(dl).view(n, 256)  # dl * (grid + delta), in place
 
 
 KERNELS = {

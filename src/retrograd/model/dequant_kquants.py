@@ -29,9 +29,9 @@ def q2_k(b: torch.Tensor) -> torch.Tensor:
     """scales: 16 bytes (low nibble scale, high nibble min), qs: 64 bytes of 2-bit codes,
     d: f16, dmin: f16; x = d * sc * q - dmin * m per 16 values."""
     n = b.shape[0]
-    scales = b[:, :16]
-    dl = (f16(b, 80) * (scales & 0x0F)).unsqueeze(-1)  # (n, 16, 1)
-    ml = (f16(b, 82) * (scales >> 4)).unsqueeze(-1)
+    sc = nibbles(b[:, :16]).transpose(0, 1)  # (2, n, 16): scales, mins
+    s = sc.float().mul_(f16(b, 80, 2).t().unsqueeze(-1))  # d * sc, dmin * m
+    dl, ml = _columns(s)  # (n, 16, 1) each
     q = planes(words(b, 16, 80).view(n, 2, 4), 2, 3)  # (n, 2, 4, 4) words: (n, 16, 16) bytes
     return bytes_of(q, n, 16, 16).float().mul_(dl).sub_(ml).view(n, 256)
 
@@ -53,22 +53,30 @@ def q3_k(b: torch.Tensor) -> torch.Tensor:
     return q.float().mul_(dl).view(n, 256)
 
 
-def _scale_min_k4(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bytes 4..16 of a Q4_K/Q5_K block: eight 6-bit scales and eight 6-bit mins, as (n, 8)
-    uint8 each (ggml's get_scale_min_k4, on the three uint32 words at once)."""
-    n = b.shape[0]
-    w = words(b, 4, 16, torch.int32)  # (n, 3): low scales, low mins, high nibbles
-    d, m, md = w[:, 0], w[:, 1], w[:, 2]
-    lo6, lo4, hi2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x30303030
-    sc = torch.stack((d & lo6, (md & lo4) | ((d >> 2) & hi2)), dim=-1)
-    mn = torch.stack((m & lo6, ((md >> 4) & lo4) | ((m >> 2) & hi2)), dim=-1)
-    return bytes_of(sc, n, 8), bytes_of(mn, n, 8)
-
-
 def _k4_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K header: d, dmin, 12 scale bytes -> per-32 (n, 8, 1) scale and min."""
-    sc, mn = _scale_min_k4(b)
-    return (f16(b, 0) * sc).unsqueeze(-1), (f16(b, 2) * mn).unsqueeze(-1)
+    """Q4_K/Q5_K header -> per-32 (n, 8, 1) scales d * sc and mins dmin * m.
+
+    Bytes 4..16 hold eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4): three
+    uint32 words (low scales, low mins, high nibbles), unpacked here for scales and mins at once.
+    """
+    n = b.shape[0]
+    w = words(b, 4, 16, torch.int32)  # (n, 3)
+    low = w[:, :2]  # (n, 2): scales word, mins word
+    high = w[:, 2:] >> shifts((0, 4), (2,), b.device, torch.int32)  # (n, 2)
+    lo = low & 0x3F3F3F3F
+    hi = (high & 0x0F0F0F0F) | ((low >> 2) & 0x30303030)
+    six = bytes_of(torch.stack((lo, hi), dim=-1), n, 2, 8).transpose(0, 1)  # (2, n, 8)
+    s = six.float().mul_(f16(b, 0, 2).t().unsqueeze(-1))  # d * sc, dmin * m
+    return _columns(s)
+
+
+def _columns(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2, n, k) scales and mins -> two contiguous (n, k, 1).
+
+    NOTE: contiguous matters: a strided (n, k, 1) operand doubles the time of the
+    (n, k, 32) multiply it is broadcast into."""
+    s = s.contiguous()
+    return s[0].unsqueeze(-1), s[1].unsqueeze(-1)
 
 
 def q4_k(b: torch.Tensor) -> torch.Tensor:
@@ -92,7 +100,7 @@ def q5_k(b: torch.Tensor) -> torch.Tensor:
 def q6_k(b: torch.Tensor) -> torch.Tensor:
     """ql: 128 bytes of low 4 bits, qh: 64 bytes of high 2 bits, scales: 16 int8, d: f16."""
     n = b.shape[0]
-    dl = (f16(b, 208) * b[:, 192:208].view(torch.int8)).unsqueeze(-1)  # (n, 16, 1)
+    dl = b[:, 192:208].view(torch.int8).float().mul_(f16(b, 208)).unsqueeze(-1)  # (n, 16, 1)
     ql = split_nibbles(words(b, 0, 128).view(n, 2, 8))  # (n, 2, 2, 8) words
     qh = planes(words(b, 128, 192).view(n, 2, 4), 2, 3, lshift=4)  # (n, 2, 4, 4) words
     q = bytes_of(ql.view(n, 32) | qh.view(n, 32), n, 16, 16, dtype=torch.int8) - 32
