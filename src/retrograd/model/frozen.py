@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from retrograd.gguf import TensorInfo
 from retrograd.model.dequant import check_supported, dequantize, dequantize_rows
 
+CHUNK_ELEMENTS = 1 << 22  # dequantize larger tensors to a narrower dtype in blocks of rows
+
 
 class DenseCache:
     """Dense copies of frozen weights by (id, dtype); `enabled = False` turns it into a no-op."""
@@ -34,6 +36,9 @@ class DenseCache:
             dense = owner.dequantize(dtype)
             self._store[key] = dense
         return dense
+
+    def peek(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor | None:
+        return self._store.get((id(owner), dtype))
 
     def clear(self) -> None:
         self._store.clear()
@@ -63,15 +68,32 @@ class FrozenTensor:
         return self
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(self.raw, self.ggml_type, self.shape, dtype=dtype)
+        rows = self.shape[0] if len(self.shape) == 2 else 0
+        if dtype == torch.float32 or rows * self.shape[-1] <= CHUNK_ELEMENTS:
+            return dequantize(self.raw, self.ggml_type, self.shape, dtype=dtype)
+        # NOTE: dequantizing goes through float32; in row blocks, a 262k-row embedding never
+        # exists as a whole float32 copy beside its bf16 one.
+        out = torch.empty(self.shape, dtype=dtype, device=self.raw.device)
+        step = max(1, CHUNK_ELEMENTS // self.shape[1])
+        row_bytes = self.raw.numel() // rows
+        for r in range(0, rows, step):
+            n = min(step, rows - r)
+            chunk = self.raw[r * row_bytes : (r + n) * row_bytes]
+            out[r : r + n] = dequantize(chunk, self.ggml_type, (n, self.shape[1]), dtype=dtype)
+        return out
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         return self.cache.get(self, dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Selected rows (an embedding lookup) without densifying the whole table."""
-        if self.cache.enabled:
-            return self.dense(dtype)[ids]
+        """Selected rows (an embedding lookup) without densifying the whole table.
+
+        Uses a cached dense copy when one exists in `dtype`; never creates one, so a bf16
+        head and float32 embedding rows do not cache the table twice.
+        """
+        cached = self.cache.peek(self, dtype)
+        if cached is not None:
+            return cached[ids]
         flat = ids.reshape(-1)
         out = dequantize_rows(self.raw, self.ggml_type, self.shape, flat, dtype=dtype)
         return out.reshape(*ids.shape, self.shape[-1])

