@@ -125,7 +125,22 @@ class Tokenizer:
             out.append(v.eos_id)
         return out
 
-    def tokenize_pieces(self, pieces: list[str], parse_special: bool = True) -> list[list[int]]:
+    def tokenize_batch(
+        self, texts: list[str], add_bos: bool = True, parse_special: bool = False
+    ) -> list[list[int]]:
+        """`tokenize` of each text; the raw fragments of all texts go to HF in one parallel batch."""
+        v = self.vocab
+        bos = [v.bos_id] if add_bos and v.add_bos else []
+        eos = [v.eos_id] if add_bos and v.add_eos and v.eos_id >= 0 else []
+        if bos and v.bos_id < 0:
+            raise TokenizerError("the vocabulary asks for BOS but has no BOS token")
+        return [
+            bos + ids + eos for ids in self.tokenize_pieces(texts, parse_special, independent=True)
+        ]
+
+    def tokenize_pieces(
+        self, pieces: list[str], parse_special: bool = True, independent: bool = False
+    ) -> list[list[int]]:
         """Ids of consecutive pieces of one text, each tokenized on its own (no BOS/EOS).
 
         A piece boundary is a merge boundary: this is how a prompt and the tokens a model
@@ -139,6 +154,7 @@ class Tokenizer:
         raws = []
         prev_special = True
         for frags in frags_per_piece:
+            prev_special = prev_special or independent  # each text of a batch starts fresh
             for f in frags:
                 if isinstance(f, str):
                     raws.append(" " + f if prefix and prev_special else f)
