@@ -74,6 +74,18 @@ def words(blocks: torch.Tensor, start: int, stop: int, dtype=torch.int64) -> tor
     return raw.clone(memory_format=torch.contiguous_format).view(dtype)
 
 
+def columns(blocks: torch.Tensor, start: int, stop: int, dtype=torch.int32) -> torch.Tensor:
+    """Bytes [start, stop) of each block as (k, n_blocks) words of `dtype`: word i of every
+    block in row i, so per-block header fields are processed as long contiguous rows."""
+    size = dtype.itemsize
+    try:
+        if start % size == 0 and stop % size == 0:
+            return blocks.view(dtype)[:, start // size : stop // size].t().contiguous()
+    except RuntimeError:  # blocks not a whole number of words, or not aligned for `dtype`
+        pass
+    return words(blocks, start, stop, dtype).t().contiguous()
+
+
 def u16(blocks: torch.Tensor, offset: int, count: int) -> torch.Tensor:
     """`count` little-endian uint16 fields from byte `offset`, as (n_blocks, count) int32."""
     raw = blocks[:, offset : offset + 2 * count].reshape(-1, count, 2)
@@ -85,7 +97,7 @@ def u16(blocks: torch.Tensor, offset: int, count: int) -> torch.Tensor:
 
 def _per_byte(value: int, dtype: torch.dtype) -> int:
     """`value` (< 0x80) repeated in every byte of a word."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     return value * int.from_bytes(b"\x01" * size, "little")
 
 

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from retrograd.model.dequant_blocks import (
     bit_planes,
     bytes_of,
+    columns,
     f16,
     gather_rows,
     nibbles,
@@ -60,13 +61,13 @@ def _k4_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     uint32 words (low scales, low mins, high nibbles), unpacked here for scales and mins at once.
     """
     n = b.shape[0]
-    w = words(b, 4, 16, torch.int32)  # (n, 3)
-    low = w[:, :2]  # (n, 2): scales word, mins word
-    high = w[:, 2:] >> shifts((0, 4), (2,), b.device, torch.int32)  # (n, 2)
+    w = columns(b, 4, 16)  # (3, n)
+    low = w[:2]  # (2, n): scales word, mins word
+    high = w[2:] >> shifts((0, 4), (2, 1), b.device, torch.int32)  # (2, n)
     lo = low & 0x3F3F3F3F
     hi = (high & 0x0F0F0F0F) | ((low >> 2) & 0x30303030)
-    six = bytes_of(torch.stack((lo, hi), dim=-1), n, 2, 8).transpose(0, 1)  # (2, n, 8)
-    s = six.float().mul_(f16(b, 0, 2).t().unsqueeze(-1))  # d * sc, dmin * m
+    six = torch.stack((lo, hi), dim=-1).view(torch.uint8).view(2, n, 8)
+    s = six.float().mul_(f16(b, 0, 2).t().unsqueeze(-1))  # (2, n, 8): d * sc, dmin * m
     return _columns(s)
 
 
