@@ -158,3 +158,59 @@ def test_real_template_masks(llama_vendor, gemma_path, template, vocab):
         enc.ids == tok.tokenize(enc.text, add_bos=True, parse_special=True)
         or not enc.whole_text_equal
     )
+
+
+TOOL_RECORD = {
+    "tools": [{"name": "add", "description": "Add two numbers", "parameters": {"type": "object"}}],
+    "messages": [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "It is 5."},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_tool_record_through_a_tool_template(llama_vendor, raw):
+    """Qwen 2.5 renders tools itself: calls are trained in its markup, results are context."""
+    tok = tokenizer(str(llama_vendor / "ggml-vocab-qwen2.gguf"))
+    source = (llama_vendor / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    fmt = ChatFormat(tok, ChatTemplate(source, "", "<|endoftext|>"))
+    assert fmt.template.supports_tools and fmt.tool_format.name == "hermes"
+    record = TOOL_RECORD
+    if raw:
+        call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+        msgs = [dict(m) for m in TOOL_RECORD["messages"]]
+        msgs[1] = dict(msgs[1], raw=True, content=call)
+        record = dict(TOOL_RECORD, messages=msgs)
+    messages, tools = validate_record(record, "t.jsonl:1", fmt.tool_format)
+    enc = fmt.encode(messages, tools)
+    trained = tok.detokenize(
+        [i for i, m in zip(enc.ids, enc.train_mask, strict=True) if m], special=True
+    )
+    assert '"name": "add"' in trained and "It is 5.<|im_end|>" in trained
+    assert "What is 2+3?" not in trained and "Add two numbers" not in trained
+    assert "<tool_response>\n5\n</tool_response>" in enc.text  # Qwen's own framing of results
+    turn = [i for i, m in zip(enc.ids, enc.train_mask, strict=True) if m]
+    call_text = tok.detokenize(turn[: turn.index(tok.token_id("<|im_end|>"))], special=True)
+    assert [c.name for c in fmt.parse(call_text).calls] == ["add"]
+
+
+def test_gemma_conversation_ids_equal_llama(gemma_path):
+    """Prompt ids for the Gemma fallback are what llama.cpp makes of the same text."""
+    from tests.oracles.test_tokenizer_parity import theirs
+
+    tok = tokenizer(str(gemma_path))
+    fmt = ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
+    messages, tools = validate_record(TOOL_RECORD, "t.jsonl:1", fmt.tool_format)
+    enc = fmt.encode(messages, tools)
+    llm = theirs(str(gemma_path))
+    assert enc.prefix_stable and enc.whole_text_equal
+    assert enc.ids == llm.tokenize(enc.text.encode(), add_bos=True, special=True)
+    prompt = fmt.prompt_ids(messages[:1], tools)
+    assert prompt == llm.tokenize(
+        fmt.render(messages[:1], tools, True).encode(), add_bos=True, special=True
+    )
+    assert tok.detokenize(prompt, special=True).endswith("<start_of_turn>model\n")

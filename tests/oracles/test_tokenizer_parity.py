@@ -7,6 +7,7 @@ llama.cpp's own test-tokenizer-0 checks). Each tokenizer is built once per modul
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import random
@@ -96,7 +97,9 @@ def theirs(path: str):
     import llama_cpp
 
     quiet()
-    return llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    atexit.register(llm.close)  # before interpreter teardown, which breaks Llama.__del__
+    return llm
 
 
 def llama_detokenize(llm, ids: list[int], remove_special: bool, special: bool) -> bytes:
@@ -207,3 +210,12 @@ def test_eog_ids_equal_llama(llama_vendor, name):
 def test_unsupported_models_are_named(llama_vendor, name):
     with pytest.raises(UnsupportedError, match="tokenizer model '(bert|t5)' is not supported"):
         load_tokenizer(vocab_path(llama_vendor, name))
+
+
+def test_batch_equals_single(gemma_path):
+    tok = ours(str(gemma_path))
+    texts = CORPUS + fuzz(20, seed=7)
+    assert tok.tokenize_batch(texts) == [tok.tokenize(t) for t in texts]
+    assert tok.tokenize_batch(texts, parse_special=True) == [
+        tok.tokenize(t, parse_special=True) for t in texts
+    ]
