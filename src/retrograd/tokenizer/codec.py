@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from retrograd.errors import GGUFError, TokenizerError
+from retrograd.errors import TokenizerError
 from retrograd.tokenizer.backend import SPACE, build_backend
 from retrograd.tokenizer.special import Fragment, SpecialSplitter
 from retrograd.tokenizer.vocab import (
@@ -64,11 +64,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, gguf) -> Tokenizer:
         """Build from an opened `retrograd.gguf.GGUFFile` (a model or a vocab-only file)."""
-        try:
-            vocab = load_vocab(gguf.metadata, gguf.path.name)
-        except GGUFError:
-            raise
-        return cls(vocab)
+        return cls(load_vocab(gguf.metadata, gguf.path.name))
 
     # -- properties ------------------------------------------------------------------------
 
