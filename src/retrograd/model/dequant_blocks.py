@@ -137,6 +137,28 @@ def bytes_of(w: torch.Tensor, n: int, *shape: int, dtype=torch.uint8) -> torch.T
     return w.reshape(n, -1).view(dtype).view(n, *shape)
 
 
+def nibble_values(w: torch.Tensor, values: tuple[int, ...], key: str) -> torch.Tensor:
+    """(..., k) int64 words of 4-bit indices into the 16 `values` -> (..., 2, 8k) float32:
+    the values of the low nibbles of the 8k bytes, then of the high nibbles (ggml's order).
+
+    Two neighbouring bytes give two 8-bit indices (their low nibbles together, their high
+    nibbles together) into a 256-entry table of value pairs: one lookup per two values, and
+    the pairs land in output order.
+    """
+    m = 0x000F000F000F000F  # the low nibble of each 16-bit lane
+    lo = (w & m) | ((w >> 4) & (m << 4))  # lane: low nibbles of its two bytes
+    hi = ((w >> 4) & m) | ((w >> 8) & (m << 4))  # lane: their high nibbles
+    idx = stack_words((lo, hi)).view(torch.int16).int()  # (..., 2, 4k) in 0..255
+
+    def pairs():
+        v = np.asarray(values, dtype=np.float32)
+        i = np.arange(256)
+        return np.stack((v[i & 15], v[i >> 4]), axis=-1).view(np.int64).reshape(256)
+
+    out = constant(f"pairs_{key}", w.device, pairs).index_select(0, idx.reshape(-1))
+    return out.view(torch.float32).view(*w.shape[:-1], 2, 8 * w.shape[-1])
+
+
 # -- small-field helpers (per-block scales, grid indices) --------------------------------------
 
 

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import torch
 from gguf import GGMLQuantizationType as T
+from gguf import quants
 
 from retrograd.model.dequant_blocks import (
     bit_planes,
     bytes_of,
     columns,
     f16,
-    gather_rows,
+    nibble_values,
     nibbles,
     planes,
     shifts,
     split_nibbles,
     words,
 )
-from retrograd.model.dequant_legacy import _iq4nl_values
 
 
 def q2_k(b: torch.Tensor) -> torch.Tensor:
@@ -116,9 +116,8 @@ def iq4_xs(b: torch.Tensor) -> torch.Tensor:
     high = bit_planes(b[:, 2:4], 2, 3, dim=-1).reshape(n, 8)
     sc = (low | (high << 4)).view(torch.int8) - 32
     dl = (f16(b, 0) * sc).unsqueeze(-1)  # (n, 8, 1)
-    idx = split_nibbles(words(b, 8, 136).view(n, 8, 2))  # (n, 8, 2, 2) words
-    v = gather_rows(_iq4nl_values(b.device), bytes_of(idx, n, 8, 32))  # (n, 8, 32)
-    return v.mul_(dl).view(n, 256)
+    v = nibble_values(words(b, 8, 136).view(n, 8, 2), quants.IQ4_NL.kvalues, "iq4nl")
+    return v.view(n, 8, 32).mul_(dl).view(n, 256)  # (n, 8, 2, 16) values, scaled
 
 
 def tq1_0(b: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from retrograd.model.dequant_blocks import (
     constant,
     f16,
     gather_rows,
+    nibble_values,
     split_nibbles,
     words,
 )
@@ -73,20 +74,14 @@ def q8_0(b: torch.Tensor) -> torch.Tensor:
     return b[:, 2:].view(torch.int8).float().mul_(f16(b, 0))
 
 
-def _iq4nl_values(device: torch.device) -> torch.Tensor:
-    return constant("iq4nl", device, lambda: np.array(quants.IQ4_NL.kvalues, dtype=np.float32))
-
-
 def iq4_nl(b: torch.Tensor) -> torch.Tensor:
     """d: f16, qs: 16 bytes of 4-bit indices into a fixed non-linear table."""
-    n = b.shape[0]
-    v = gather_rows(_iq4nl_values(b.device), bytes_of(_low4(b, 2), n, 32))  # (n, 32)
-    return v.mul_(f16(b, 0))
+    v = nibble_values(words(b, 2, 18), quants.IQ4_NL.kvalues, "iq4nl")  # (n, 2, 16)
+    return v.view(-1, 32).mul_(f16(b, 0))
 
 
-def _fp4_values(device: torch.device) -> torch.Tensor:
-    # e2m1 values, doubled (the block scale is halved to match)
-    return constant("e2m1", device, lambda: np.array(quants.MXFP4.kvalues, dtype=np.float32))
+# e2m1 values, doubled (the block scale is halved to match)
+_E2M1 = quants.MXFP4.kvalues
 
 
 def _e8m0_half(device: torch.device) -> torch.Tensor:
@@ -100,8 +95,7 @@ def mxfp4(b: torch.Tensor) -> torch.Tensor:
     """e: e8m0 exponent byte, qs: 16 bytes of 4-bit e2m1 codes."""
     n = b.shape[0]
     d = gather_rows(_e8m0_half(b.device), b[:, 0]).reshape(n, 1)
-    v = gather_rows(_fp4_values(b.device), bytes_of(_low4(b, 1), n, 32))  # (n, 32)
-    return v.mul_(d)
+    return nibble_values(words(b, 1, 17), _E2M1, "e2m1").view(n, 32).mul_(d)
 
 
 def _ue4m3(device: torch.device) -> torch.Tensor:
@@ -115,9 +109,8 @@ def nvfp4(b: torch.Tensor) -> torch.Tensor:
     """Four sub-blocks of 16: d: 4 ue4m3 bytes, qs: 4 x 8 bytes of 4-bit e2m1 codes."""
     n = b.shape[0]
     d = gather_rows(_ue4m3(b.device), b[:, :4]).reshape(n, 4, 1)
-    codes = split_nibbles(words(b, 4, 36).view(n, 4, 1))  # (n, 4, 2, 1): 16 codes each
-    v = gather_rows(_fp4_values(b.device), bytes_of(codes, n, 4, 16))  # (n, 4, 16)
-    return v.mul_(d).reshape(n, 64)
+    v = nibble_values(words(b, 4, 36).view(n, 4, 1), _E2M1, "e2m1")  # (n, 4, 2, 8)
+    return v.view(n, 4, 16).mul_(d).view(n, 64)
 
 
 KERNELS = {
