@@ -184,14 +184,16 @@ def test_meta_device(qtype):
     assert got.dtype == torch.bfloat16
 
 
-def test_unaligned_and_strided_bytes():
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_unaligned_and_strided_bytes(qtype):
     """Blocks whose bytes start at an odd offset, or rows picked with a step."""
-    raw = valid_blocks(T.Q6_K, 5, 2)
-    want = run(raw, T.Q6_K)
+    per_block, size = GGML_QUANT_SIZES[qtype]
+    raw = valid_blocks(qtype, 5, 2)
+    want = run(raw, qtype)
     padded = torch.cat((torch.zeros(1, dtype=torch.uint8), torch.from_numpy(raw).reshape(-1)))
-    assert_bits_equal(dequantize(padded[1:], T.Q6_K, (5, 512)), want)
+    assert_bits_equal(dequantize(padded[1:], qtype, (5, 2 * per_block)), want)
     rows = torch.from_numpy(raw)[::2]
-    assert_bits_equal(dequantize(rows, T.Q6_K, (3, 512)), want[::2])
+    assert_bits_equal(dequantize(rows, qtype, (3, 2 * per_block)), want[::2])
 
 
 # -- dequantize_rows -----------------------------------------------------------------------
