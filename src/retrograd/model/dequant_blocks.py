@@ -8,7 +8,8 @@ bytes are. Nothing here knows about the ggml types themselves.
 Speed: an elementwise op costs a few ns per innermost run, so an op whose innermost run is one
 block's 16 or 32 bytes is several times slower than one over a contiguous tensor. Codes are
 therefore unpacked on int64 words of contiguous bytes (all bytes of a word at once, SWAR), and
-the unpacked pieces are interleaved into ggml's order by one copy.
+the unpacked pieces are interleaved into ggml's order by one copy. Words are little-endian
+(byte 0 is the low byte), as on every device torch runs on.
 
 NOTE: the kernels must reproduce gguf-py's float32 arithmetic exactly, operation by operation:
 keep `d * q - m` as a multiply then a subtract (never `addcmul`, which may fuse into an FMA),
@@ -105,10 +106,11 @@ def stack_words(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """Stack same-shaped (..., k) words on a new axis: (..., len(parts), k).
 
     NOTE: when a row of words is a whole number of 16 bytes the copy moves complex128
-    elements: twice the bytes per step of torch's copy loop. Copies never touch the bits.
+    elements: twice the bytes per step of torch's copy loop (3x faster on a CPU). Copies never
+    touch the bits. MPS has no complex128, so it takes the plain stack.
     """
     w = parts[0]
-    if (w.shape[-1] * w.element_size()) % 16 == 0:
+    if (w.shape[-1] * w.element_size()) % 16 == 0 and w.device.type != "mps":
         stacked = torch.stack([p.view(torch.complex128) for p in parts], dim=-2)
         return stacked.view(w.dtype)
     return torch.stack(parts, dim=-2)
