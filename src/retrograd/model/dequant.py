@@ -6,8 +6,11 @@ over blocks) that run on whatever device holds the bytes. Their float32 output e
 `gguf.quants.dequantize` bit for bit; other dtypes are a cast of that result.
 
 This module knows ggml's byte layouts and nothing about models: it takes bytes, a type and a
-row-major shape. The kernels live in dequant_legacy (32-element blocks), dequant_kquants
-(256-element integer codes) and dequant_iquants (lattice codes).
+row-major shape. The kernels live in dequant_legacy (32- and 64-element blocks),
+dequant_kquants (256-element integer codes) and dequant_iquants (lattice codes).
+
+NOTE: `torch.compile` of a kernel is not exact by default: compiled Q4_K fused its multiply and
+subtract into an FMA (CPU, torch 2.13). Compile one only behind the equality tests.
 """
 
 from __future__ import annotations
