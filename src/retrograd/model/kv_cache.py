@@ -41,6 +41,14 @@ class KVCache:
         end = start + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} positions, {end} requested")
+        if k.requires_grad or v.requires_grad:
+            # Training in passes of micro_batch tokens: earlier passes are context only (their
+            # graph is gone after their backward), this pass's keys keep their gradient.
+            self.k[layer][:, :, start:end] = k.detach().to(self.k[layer].dtype)
+            self.v[layer][:, :, start:end] = v.detach().to(self.v[layer].dtype)
+            past_k = self.k[layer][:, :, :start].to(k.dtype)
+            past_v = self.v[layer][:, :, :start].to(v.dtype)
+            return torch.cat((past_k, k), 2), torch.cat((past_v, v), 2)
         self.k[layer][:, :, start:end] = k.to(self.k[layer].dtype)
         self.v[layer][:, :, start:end] = v.to(self.v[layer].dtype)
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
