@@ -85,6 +85,14 @@ class FrozenTensor:
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         return self.cache.get(self, dtype)
 
+    def row_block(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, stop) dense: from the cache when it is on, else dequantized alone."""
+        if self.cache.enabled:
+            return self.dense(dtype)[start:stop]
+        return dequantize_rows(
+            self.raw, self.ggml_type, self.shape, slice(start, stop), dtype=dtype
+        )
+
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Selected rows (an embedding lookup) without densifying the whole table.
 
