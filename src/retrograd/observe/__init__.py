@@ -1,0 +1,13 @@
+"""What a run shows while it trains: terminal progress and metric sinks (TensorBoard, W&B).
+
+Loops build one `Metrics` and report steps, evaluations and checkpoint saves to it; metric names
+live in `names`. The [observe] rollout directory (formats.md §6) is not here yet.
+Importing this package imports neither torch nor wandb.
+"""
+
+from retrograd.observe import names
+from retrograd.observe.memory import peak_memory
+from retrograd.observe.metrics import Metrics
+from retrograd.observe.run_info import RunInfo
+
+__all__ = ["Metrics", "RunInfo", "names", "peak_memory"]
