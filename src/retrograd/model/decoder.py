@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from retrograd.model.config import ModelConfig
 from retrograd.model.frozen import FrozenTensor, frozen_linear
@@ -78,6 +79,7 @@ class Block(nn.Module):
         v = v.to(dtype).transpose(1, 2)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.il, k, v, ctx.start)  # (B, H_kv, S, D)
+            k, v = k.to(dtype), v.to(dtype)  # a 16-bit sampling cache under an f32 compute path
         mask = ctx.mask_swa if self.swa else ctx.mask
         if cfg.attn_softcap:
             o = _softcap_attention(q, k, v, mask, cfg.attn_softcap)
@@ -141,23 +143,29 @@ class ForwardContext:
         freq_factors: torch.Tensor | None,
         f16_gelu: bool,
         key_mask: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
     ):
         self.dtype, self.cache, self.start, self.f16_gelu = dtype, cache, start, f16_gelu
-        positions = torch.arange(start, start + T, device=device)
-        self.rope = rope_angles(
-            positions, cfg.n_rot, cfg.rope_base, cfg.rope_freq_scale, freq_factors
-        )
+        if positions is None:  # shared by the batch: cache slot = position
+            positions = torch.arange(start, start + T, device=device)  # (T,)
+        self.rope = _angles(positions, cfg, cfg.rope_base, freq_factors)
         self.rope_swa = self.rope
         if any(cfg.swa_layers):
-            self.rope_swa = rope_angles(
-                positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_freq_scale, freq_factors
-            )
+            self.rope_swa = _angles(positions, cfg, cfg.rope_base_swa, freq_factors)
         S = start + T
         needs_mask = cache is not None and start > 0 or key_mask is not None
         self.mask = _causal_mask(T, S, 0, device, key_mask) if needs_mask else None
         self.mask_swa = self.mask
         if cfg.swa_window and S > cfg.swa_window:
             self.mask_swa = _causal_mask(T, S, cfg.swa_window, device, key_mask)
+
+
+def _angles(positions: torch.Tensor, cfg: ModelConfig, base: float, freq_factors):
+    """cos, sin of shared positions (T,) -> (T, n_rot/2), or per sequence (B, T) -> (B, T, n_rot/2)."""
+    cos, sin = rope_angles(
+        positions.reshape(-1), cfg.n_rot, base, cfg.rope_freq_scale, freq_factors
+    )
+    return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
 
 
 def _causal_mask(T: int, S: int, window: int, device, key_mask) -> torch.Tensor:
@@ -168,7 +176,9 @@ def _causal_mask(T: int, S: int, window: int, device, key_mask) -> torch.Tensor:
     if window:
         mask &= (p1 - p0) < window
     if key_mask is not None:  # (B, S): False for padding keys
-        mask = mask[None, None] & key_mask[:, None, None, :]
+        # NOTE: a padding query sees at least itself, so its row stays finite (no NaN reaches
+        # the cache); real queries already see their own key, so nothing else changes.
+        mask = mask[None, None] & key_mask[:, None, None, :] | (p0 == p1)
     return mask
 
 
@@ -194,6 +204,7 @@ class Decoder(nn.Module):
         self.compute_dtype = torch.float32
         self.f16_gelu = True
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.arch.embed_scale else 1.0
+        self.checkpointing: tuple[int, torch.dtype] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -214,7 +225,10 @@ class Decoder(nn.Module):
         start: int = 0,
         cache: KVCache | None = None,
         key_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`start`: the cache slot of ids[:, 0]. `positions` (B, T): rope positions per sequence
+        when they differ from the slots (left-padded batches); `key_mask` (B, S) hides padding."""
         B, T = ids.shape
         ctx = ForwardContext(
             self.cfg,
@@ -226,13 +240,37 @@ class Decoder(nn.Module):
             self.rope_freqs,
             self.f16_gelu,
             key_mask,
+            positions,
         )
         x = self.embed(ids)
-        for block in self.blk:
-            x = block(x, ctx)
+        if self.checkpointing is not None and torch.is_grad_enabled():
+            x = self._checkpointed_blocks(x, ctx)
+        else:
+            for block in self.blk:
+                x = block(x, ctx)
         if cache is not None:
             cache.length = start + T
         return self.output_norm(x)
+
+    def enable_checkpointing(self, every_n_layers: int, dtype: torch.dtype = torch.float32) -> None:
+        """Recompute activations in backward: keep only every n-th layer's input, in `dtype`."""
+        self.checkpointing = (max(1, every_n_layers), dtype)
+
+    def _checkpointed_blocks(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        stride, dtype = self.checkpointing
+        for first in range(0, len(self.blk), stride):
+            group = self.blk[first : first + stride]
+
+            def run(x_stored: torch.Tensor, group=group) -> torch.Tensor:
+                y = x_stored.float()
+                for block in group:
+                    y = block(y, ctx)
+                return y
+
+            # NOTE: the stored input is the segment's only saved activation; f16/bf16 storage
+            # halves it and rounds the residual stream at segment boundaries.
+            x = checkpoint(run, x.to(dtype), use_reentrant=False)
+        return x
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., n_embd) -> logits (..., n_vocab) float32."""

@@ -1,0 +1,59 @@
+"""What every training run builds before its loop: model, chat format, plan, optimizer.
+
+Functions, not a class hierarchy: each loop calls the ones it needs in the order it reads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import torch
+
+from retrograd.model.model import Model
+from retrograd.tokenizer.conversation import ChatFormat
+from retrograd.tokenizer.fallbacks import chat_template
+
+KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
+CKPT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def configure_allocator() -> None:
+    """Keep freed large blocks in the process (glibc): dequantizing on every use otherwise
+    returns and re-faults the same pages each step. No-op where mallopt is unavailable."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def load_model(cfg) -> Model:
+    """The run's base model on its device, with [training].threads applied."""
+    import retrograd
+
+    configure_allocator()
+    return retrograd.load(cfg.model.path, device=cfg.model.device, threads=cfg.training.threads)
+
+
+def chat_format(model: Model, template_variables: dict | None = None) -> ChatFormat:
+    template = chat_template(model.tokenizer, model.gguf.metadata, template_variables or {})
+    return ChatFormat(model.tokenizer, template)
+
+
+def apply_memory_knobs(model: Model, training) -> None:
+    if training.gradient_checkpointing:
+        model.decoder.enable_checkpointing(
+            training.checkpoint_every_n_layers, CKPT_DTYPES[training.checkpoint_dtype]
+        )
+
+
+def kv_dtype(model: Model, training) -> torch.dtype:
+    """[training].kv_dtype, falling back to float32 where f16 would not match the compute path."""
+    if model.dtype == torch.float32:
+        return torch.float32
+    return KV_DTYPES[training.kv_dtype]

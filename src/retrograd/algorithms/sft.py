@@ -1,0 +1,180 @@
+"""Supervised fine-tuning of a LoRA adapter on text or chat data.
+
+Departures from a textbook SFT loop, all from the reference:
+- a window of ctx tokens runs in passes of micro_batch tokens that see earlier passes only as
+  (gradient-free) context; gradient_accumulation passes make an optimizer step (step.py);
+- the loss of a step is the mean over its trained tokens (assistant tokens for chat data);
+- the epoch's order is a pure function of ([lora].seed, epoch), so resume needs no RNG state;
+- the learning rate is a pure function of the step (optim.lr_at).
+
+Phases: 1. build (model, data, plan, optimizer)  2. resume  3. train (steps, metrics,
+checkpoints)  4. evaluate and stop early  5. export the adapter and summarize.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from retrograd.algorithms import context, persist
+from retrograd.algorithms.evaluate import Patience, perplexity, sft_loss
+from retrograd.algorithms.step import (
+    LossOptions,
+    backward_group,
+    clip_and_step,
+    groups_of,
+    new_cache,
+    prefill_groups,
+)
+from retrograd.data.sft import SFTDataset, load_sft_data, permutation
+from retrograd.optim import build_optimizer, lr_at
+from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+
+
+@dataclass
+class Position:
+    """Where the loop is: resume continues from exactly here."""
+
+    epoch: int = 0
+    index: int = 0  # position in the epoch's permutation
+    group: int = 0  # optimizer-step group within the example
+    global_step: int = 0
+
+
+@dataclass
+class SFTResult:
+    output: Path
+    global_step: int
+    epochs_done: int
+    best_eval: float | None
+    stopped_early: bool
+    seconds: float
+    tokens: int
+    last_loss: float | None = None
+    evals: list[tuple[int, float]] = field(default_factory=list)
+
+
+def load_data(cfg, model, chat_fmt) -> tuple[SFTDataset, SFTDataset | None]:
+    ctx = cfg.training.ctx
+    train = load_sft_data(cfg.sft.data, model.tokenizer, ctx, cfg.sft.data_format, chat_fmt)
+    held = None
+    if cfg.evaluation is not None:
+        held = load_sft_data(
+            cfg.evaluation.data, model.tokenizer, ctx, cfg.sft.data_format, chat_fmt
+        )
+    return train, held
+
+
+def total_steps(data: SFTDataset, training) -> int:
+    per_epoch = sum(
+        len(groups_of(e, training.micro_batch, training.gradient_accumulation))
+        for e in data.examples
+    )
+    return per_epoch * training.epochs
+
+
+def order_of(data: SFTDataset, cfg, epoch: int) -> np.ndarray:
+    n = len(data.examples)
+    return permutation(n, cfg.lora.seed, epoch) if cfg.sft.shuffle else np.arange(n)
+
+
+def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
+    started = time.perf_counter()
+    training = cfg.training
+    # 1. build
+    check_mode(training.trainable)
+    model = context.load_model(cfg)
+    context.apply_memory_knobs(model, training)
+    chat_fmt = context.chat_format(model, cfg.sft.template_variables)
+    train, held = load_data(cfg, model, chat_fmt)
+    init = cfg.lora.init_adapter if cfg.lora else None
+    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
+    named = trained_parameters(adapters)
+    params = [p for _, p in named]
+    optimizer = build_optimizer(params, training, cfg.optimizer)
+    steps = total_steps(train, training)
+    run = persist.RunIdentity.of(cfg, model, train, plan)
+    sinks = sinks or persist.Sinks.quiet()
+    sinks.start(cfg, model, train, held, plan, steps)
+
+    # 2. resume
+    pos = Position()
+    patience = Patience(
+        cfg.evaluation.patience if cfg.evaluation else None,
+        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
+    )
+    state = persist.find_resume(cfg, resume)
+    if state is not None:
+        pos, best = persist.restore(state, run, named, optimizer)
+        patience.best = best if best is not None else patience.best
+        sinks.resumed(state, pos.global_step)
+
+    # 3. train
+    opts = LossOptions(
+        training.chunked_cross_entropy, training.chunked_ce_tiles, training.chunked_ce_seq_chunk
+    )
+    kv = context.kv_dtype(model, training)
+    result = SFTResult(Path(cfg.output.path), pos.global_step, pos.epoch, None, False, 0.0, 0)
+    for epoch in range(pos.epoch, training.epochs):
+        order = order_of(train, cfg, epoch)
+        start_index = pos.index if epoch == pos.epoch else 0
+        for i in range(start_index, len(order)):
+            example = train.examples[order[i]]
+            groups = groups_of(example, training.micro_batch, training.gradient_accumulation)
+            cache = new_cache(model.decoder, example, kv)
+            first = pos.group if (epoch, i) == (pos.epoch, pos.index) else 0
+            prefill_groups(model.decoder, example, groups, first, cache)
+            for g in range(first, len(groups)):
+                t0 = time.perf_counter()
+                loss = backward_group(model.decoder, example, groups[g], cache, opts)
+                lr = lr_at(
+                    pos.global_step,
+                    steps,
+                    training.lr,
+                    training.lr_scheduler,
+                    training.warmup_steps,
+                )
+                clip_and_step(params, optimizer, training.max_grad_norm, lr)
+                pos = _advance(pos, epoch, i, g, len(groups), len(order))
+                tokens = sum(e - s for s, e in groups[g].passes)
+                result.tokens += tokens
+                result.last_loss = loss
+                sinks.step(pos.global_step, epoch, loss, lr, tokens, time.perf_counter() - t0)
+                persist.maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, sinks)
+        # 4. evaluate
+        result.epochs_done = epoch + 1
+        if held is not None and _evaluate_now(cfg, epoch):
+            loss, _ = sft_loss(model.decoder, held, seq_chunk=training.chunked_ce_seq_chunk)
+            improved = patience.update(loss)
+            result.evals.append((pos.global_step, loss))
+            sinks.evaluation(epoch + 1, pos.global_step, loss, perplexity(loss), improved, patience)
+            if improved:
+                persist.save_best(cfg, run, pos, named, optimizer, plan, patience, sinks)
+            if patience.stop:
+                result.stopped_early = True
+                break
+    # 5. export
+    persist.export_output(cfg, model, plan, adapters)
+    result.global_step = pos.global_step
+    result.best_eval = patience.best if patience.best != float("inf") else None
+    result.seconds = time.perf_counter() - started
+    sinks.finish(result, model)
+    return result
+
+
+def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_examples: int) -> Position:
+    """The position after group g of example i: the next group, example or epoch."""
+    step = pos.global_step + 1
+    if g + 1 < n_groups:
+        return Position(epoch, i, g + 1, step)
+    if i + 1 < n_examples:
+        return Position(epoch, i + 1, 0, step)
+    return Position(epoch + 1, 0, 0, step)
+
+
+def _evaluate_now(cfg, epoch: int) -> bool:
+    every = cfg.evaluation.every_iterations
+    return (epoch + 1) % every == 0 or epoch + 1 == cfg.training.epochs

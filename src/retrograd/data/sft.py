@@ -1,0 +1,147 @@
+"""SFT datasets (formats.md §1.2, §1.4, §1.7-1.9): text or chat JSONL -> examples of ids + mask.
+
+An `Example` holds at most `ctx` token ids and a mask: mask[i] = 1 when ids[i] is a trained
+target, predicted from ids[:i]. Text files become one stream cut into windows of ctx tokens
+that overlap by one token, so every token after the first is predicted exactly once. Chat and
+tool records train only what the model writes (the tokenizer layer decides which tokens).
+
+Decision (open in the spec): a record longer than ctx is truncated to its first ctx tokens,
+like TRL's max_length; records left with no trained token are dropped. Both are counted and
+reported. Knows tokenizers and chat formats, not models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retrograd.errors import DataError
+from retrograd.tokenizer.records import validate_record
+
+TEXT_EXTENSIONS = (".txt", ".md")
+JSONL_EXTENSIONS = (".jsonl", ".json")
+
+
+@dataclass(frozen=True)
+class Example:
+    ids: tuple[int, ...]
+    mask: tuple[int, ...]  # 1 where ids[i] is a trained target
+    where: str  # "data.jsonl:17" or "data.txt:window 3"
+
+    @property
+    def n_targets(self) -> int:
+        return sum(self.mask[1:])
+
+
+@dataclass(frozen=True)
+class SFTDataset:
+    path: Path
+    format: str  # "text" or "jsonl"
+    examples: tuple[Example, ...]
+    fingerprint: str  # sha256 of the file's bytes
+    rows: int  # records (jsonl) or windows (text) read
+    truncated: int  # records cut to ctx
+    dropped: int  # records with nothing left to train
+
+    @property
+    def n_targets(self) -> int:
+        return sum(e.n_targets for e in self.examples)
+
+    def describe(self) -> str:
+        out = (
+            f"{self.path.name}: {self.format}, {len(self.examples)} examples, "
+            f"{self.n_targets:,} trained tokens"
+        )
+        if self.truncated:
+            out += f"; {self.truncated} longer than ctx were truncated"
+        if self.dropped:
+            out += f"; {self.dropped} dropped (nothing to train within ctx)"
+        return out
+
+
+def infer_format(path: Path, given: str | None = None) -> str:
+    """formats.md §1.8: explicit, else by extension, else by the first non-empty line."""
+    if given and given != "auto":
+        if given not in ("text", "jsonl"):
+            raise DataError(f"{path}: data format {given!r}: must be text or jsonl")
+        return given
+    suffix = path.suffix.lower()
+    if suffix in JSONL_EXTENSIONS:
+        return "jsonl"
+    if suffix in TEXT_EXTENSIONS:
+        return "text"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return "jsonl" if line.lstrip().startswith("{") else "text"
+    return "text"
+
+
+def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's order of examples: a pure function of (seed, epoch) (formats.md §1.9)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def load_sft_data(
+    path: str | Path, tokenizer, ctx: int, data_format: str | None = None, chat=None
+) -> SFTDataset:
+    """Read and tokenize a whole SFT file. `chat` is a ChatFormat (needed for JSONL)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    raw = path.read_bytes()
+    fmt = infer_format(path, data_format)
+    if fmt == "text":
+        examples, rows, truncated, dropped = _text(path, raw, tokenizer, ctx), 0, 0, 0
+        rows = len(examples)
+    else:
+        if chat is None:
+            raise DataError(f"{path}: chat JSONL needs the model's chat format")
+        examples, rows, truncated, dropped = _jsonl(path, raw, chat, ctx)
+    if not examples:
+        raise DataError(f"{path}: no example to train on")
+    return SFTDataset(
+        path, fmt, tuple(examples), hashlib.sha256(raw).hexdigest(), rows, truncated, dropped
+    )
+
+
+def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    ids = tokenizer.tokenize(text, add_bos=True, parse_special=False)
+    out = []
+    for n, start in enumerate(range(0, max(1, len(ids) - 1), ctx - 1)):
+        window = tuple(ids[start : start + ctx])
+        if len(window) >= 2:
+            out.append(Example(window, (0,) + (1,) * (len(window) - 1), f"{path.name}:window {n}"))
+    return out
+
+
+def _jsonl(path: Path, raw: bytes, chat, ctx: int) -> tuple[list[Example], int, int, int]:
+    examples, rows, truncated, dropped = [], 0, 0, 0
+    for lineno, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path.name}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        messages, tools = validate_record(record, where, chat.tool_format, require_assistant=True)
+        enc = chat.encode(messages, tools or None)
+        rows += 1
+        ids, mask = list(enc.ids), list(enc.train_mask)
+        if len(ids) > ctx:
+            truncated += 1
+            ids, mask = ids[:ctx], mask[:ctx]
+        if sum(mask[1:]) == 0:
+            dropped += 1
+            continue
+        examples.append(Example(tuple(ids), tuple(mask), where))
+    return examples, rows, truncated, dropped
