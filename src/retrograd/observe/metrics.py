@@ -10,9 +10,9 @@ This module knows nothing about models or algorithms: the loop names its values 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
+from time import monotonic
 from typing import Protocol
 
 from rich.console import Console
@@ -73,7 +73,7 @@ class Metrics:
         self.epoch = 0
         self.best_eval: dict[str, float] = {}
         self.closed = False
-        self._started = time.monotonic()
+        self._started = monotonic()
         self._clock = self._started  # end of the last step, evaluation or save
         self._tokens = 0
         self._train_seconds = 0.0
@@ -84,7 +84,7 @@ class Metrics:
         """One optimizer step. `tokens` trained since the previous step give tokens/s, unless
         `values` already holds `system/tokens_per_second`."""
         assert not self.closed, "step() after finish() or fail()"
-        now = time.monotonic()
+        now = monotonic()
         seconds, self._clock = now - self._clock, now
         self._tokens += tokens
         self._train_seconds += seconds
@@ -110,11 +110,11 @@ class Metrics:
             self.best_eval = kept
         self._emit(global_step, self.epoch, values)
         self.progress.evaluation(global_step, values, improved)
-        self._clock = time.monotonic()  # evaluation time is not training time
+        self._clock = monotonic()  # evaluation time is not training time
 
     def checkpoint(self, path: str | Path, global_step: int | None = None) -> None:
         self.progress.checkpoint(path, self.global_step if global_step is None else global_step)
-        self._clock = time.monotonic()
+        self._clock = monotonic()
 
     def _emit(self, global_step: int, epoch: int, values: Mapping[str, float]) -> None:
         kept = finite(values)
@@ -136,7 +136,7 @@ class Metrics:
         rows: dict[str, object] = {"steps": f"{self.global_step}/{self.progress.total_steps}"}
         rows.update(self.outputs())
         rows.update({f"best {name}": value for name, value in self.best_eval.items()})
-        rows["time"] = format_duration(time.monotonic() - self._started)
+        rows["time"] = format_duration(monotonic() - self._started)
         if self._tokens and self._train_seconds > 0:
             rows["tokens/s"] = round(self._tokens / self._train_seconds, 1)
         rows["peak memory"] = memory.describe(memory.peak_memory())

@@ -10,9 +10,9 @@ readable and bounded. The display knows metric names only to pick the three it s
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
+from time import monotonic
 
 from rich.console import Console
 from rich.markup import escape
@@ -75,7 +75,7 @@ class Progress:
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self._initial_step = initial_step
-        self._started = time.monotonic()
+        self._started = monotonic()
         self._last_line: tuple[int, float] | None = None  # (step, time) of the last plain line
         self._bar: RichProgress | None = None
         self._task = None
@@ -89,7 +89,7 @@ class Progress:
         done = global_step - self._initial_step
         if done <= 0:
             return math.nan
-        elapsed = time.monotonic() - self._started
+        elapsed = monotonic() - self._started
         return elapsed / done * max(self.total_steps - global_step, 0)
 
     def step(self, global_step: int, epoch: int, values: Mapping[str, float]) -> None:
@@ -98,8 +98,8 @@ class Progress:
         if self.live:
             self._draw(global_step, stats, eta)
         elif self._line_due(global_step):
-            self._last_line = (global_step, time.monotonic())
-            elapsed = format_duration(time.monotonic() - self._started)
+            self._last_line = (global_step, monotonic())
+            elapsed = format_duration(monotonic() - self._started)
             line = f"step {global_step}/{self.total_steps} epoch {epoch}"
             line += f" · {stats}" if stats else ""
             self.console.print(
@@ -112,7 +112,7 @@ class Progress:
         last_step, last_time = self._last_line
         return (
             global_step - last_step >= self.every_steps
-            or time.monotonic() - last_time >= self.every_seconds
+            or monotonic() - last_time >= self.every_seconds
         )
 
     def _draw(self, global_step: int, stats: str, eta: str) -> None:

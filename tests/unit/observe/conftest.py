@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -41,15 +42,26 @@ def terminal_console() -> Console:
     return captured_console(terminal=True)
 
 
-def wandb_records(path: Path) -> list:
-    """Every record of a `.wandb` file, parsed with wandb's own protobuf messages.
+def wandb_records(path: Path, *, timeout: float = 20.0) -> list:
+    """Every record of a finished run's `.wandb` file, parsed with wandb's own protobuf messages.
 
-    The framing is LevelDB's log format behind a 7-byte `:W&B` header: 32 KiB blocks of chunks,
-    each `crc32 (4) | length (2, LE) | type (1: full, 2: first, 3: middle, 4: last)`.
+    NOTE: `run.finish()` returns before wandb's service has written the file out, so this waits
+    for the `exit` record (the service flushes at latest when the process exits).
     """
+    deadline = time.monotonic() + timeout
+    while True:
+        records = parse_wandb_file(path.read_bytes())
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path}: no exit record after {timeout} s"
+        time.sleep(0.05)
+
+
+def parse_wandb_file(data: bytes) -> list:
+    """The framing is LevelDB's log format behind a 7-byte `:W&B` header: 32 KiB blocks of chunks,
+    each `crc32 (4) | length (2, LE) | type (1: full, 2: first, 3: middle, 4: last)`."""
     from wandb.proto import wandb_internal_pb2
 
-    data = path.read_bytes()
     assert data[:4] == b":W&B", data[:7]
     block, pos, pending, records = 32768, 7, b"", []
     while pos + 7 <= len(data):
@@ -57,6 +69,8 @@ def wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 or pos + 7 + length > len(data):  # zero fill, or a chunk still being written
+            break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -64,8 +78,6 @@ def wandb_records(path: Path) -> list:
             record.ParseFromString(pending)
             records.append(record)
             pending = b""
-        elif kind == 0:  # zero-filled tail of the last block
-            break
     return records
 
 
