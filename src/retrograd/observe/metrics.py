@@ -30,10 +30,13 @@ class Sink(Protocol):
     def fail(self, message: str) -> None: ...
 
 
+def floats(values: Mapping[str, float]) -> dict[str, float]:
+    """Values as plain floats: loops may hand in 0-d tensors or numpy scalars."""
+    return {name: float(value) for name, value in values.items()}
+
+
 def finite(values: Mapping[str, float]) -> dict[str, float]:
-    """Values as plain floats (0-d tensors and numpy scalars included), non-finite ones dropped."""
-    converted = {name: float(value) for name, value in values.items()}
-    return {name: value for name, value in converted.items() if math.isfinite(value)}
+    return {name: value for name, value in values.items() if math.isfinite(value)}
 
 
 class Metrics:
@@ -88,7 +91,7 @@ class Metrics:
         seconds, self._clock = now - self._clock, now
         self._tokens += tokens
         self._train_seconds += seconds
-        shown = dict(values)
+        shown = floats(values)
         if tokens and seconds > 0 and names.TOKENS_PER_SECOND not in shown:
             shown[names.TOKENS_PER_SECOND] = tokens / seconds
         self.global_step, self.epoch = global_step, epoch
@@ -101,6 +104,7 @@ class Metrics:
         """Evaluation results, logged at the step they ran after. `improved=None` decides by
         lowest `eval/loss` (SFT, preference); rollout loops pass their own verdict."""
         assert not self.closed, "evaluation() after finish() or fail()"
+        values = floats(values)
         kept = finite(values)
         if improved is None:
             loss = kept.get(names.EVAL_LOSS)

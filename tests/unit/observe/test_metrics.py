@@ -146,3 +146,18 @@ def test_peak_memory_reports_cuda_once_used(monkeypatch):
     assert peak["cuda_max_allocated"] == 3 << 30
     assert describe(peak).endswith(", 3.00 GiB CUDA")
     assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.50 KiB"
+
+
+def test_numpy_scalars_are_logged_as_floats(tmp_path, run_info, plain_console):
+    import numpy as np
+
+    with Metrics(
+        run_info, total_steps=1, wandb_export_dir=tmp_path, console=plain_console
+    ) as metrics:
+        metrics.step(1, 1, {names.TRAIN_LOSS: np.float32(0.5), names.LEARNING_RATE: np.float64(1)})
+    (step,) = [e for e in events(tmp_path) if e["event"] == "step"]
+    assert step["values"] == [
+        {"name": names.TRAIN_LOSS, "value": 0.5},
+        {"name": names.LEARNING_RATE, "value": 1.0},
+    ]
+    assert "loss 0.5000" in plain_console.file.getvalue()
