@@ -37,11 +37,12 @@ def rope_angles(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """x (B, T, H, D) in any float dtype -> rotated, float32. cos, sin (T, n_rot/2)."""
+    """x (B, T, H, D) in any float dtype -> rotated, float32. cos, sin (T, n_rot/2) shared by
+    the batch, or (B, T, n_rot/2) per sequence."""
     x = x.float()
     n_rot = cos.shape[-1] * 2
-    cos = cos[None, :, None, :]  # (1, T, 1, n_rot/2)
-    sin = sin[None, :, None, :]
+    cos = cos[:, :, None, :] if cos.dim() == 3 else cos[None, :, None, :]  # (B|1, T, 1, n_rot/2)
+    sin = sin[:, :, None, :] if sin.dim() == 3 else sin[None, :, None, :]
     rot, rest = x[..., :n_rot], x[..., n_rot:]
     if style == ROPE_NEOX:
         x0, x1 = rot[..., : n_rot // 2], rot[..., n_rot // 2 :]

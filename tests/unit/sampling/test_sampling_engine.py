@@ -1,0 +1,172 @@
+"""The sampler on tiny models: cached decoding equals recomputation, batches do not matter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import retrograd
+from retrograd.sampling import FINISH_LENGTH, FINISH_STOP, Sampler, SampleRequest, SamplingParams
+
+NO_EOG = frozenset()  # tiny random models: never stop early unless a test asks
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model):
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
+        return cache[name]
+
+    return get
+
+
+def params(**kw) -> SamplingParams:
+    kw.setdefault("max_new_tokens", 12)
+    kw.setdefault("stop_ids", NO_EOG)
+    return SamplingParams(**kw)
+
+
+def req(prompt, n=1, **kw) -> SampleRequest:
+    return SampleRequest(tuple(prompt), params(**kw), n=n)
+
+
+PROMPT = [1, 300, 301, 17, 260, 400, 401, 402, 5]
+SHORT = [1, 90, 91]
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama3", "qwen2"])
+def test_cached_greedy_decoding_equals_full_recomputation(models, name):
+    m = models(name)
+    [[c]] = Sampler(m.decoder, m.tokenizer, fast=False).generate([req(PROMPT, temperature=0)])
+    seq = PROMPT + list(c.ids)
+    full = m.logits(seq)  # (T, V): one pass, no cache
+    assert list(c.ids) == full[len(PROMPT) - 1 : -1].argmax(-1).tolist()
+    ref = m.logprobs(seq)[len(PROMPT) - 1 :]
+    torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
+    assert c.finish_reason == FINISH_LENGTH and len(c.ids) == 12
+
+
+def test_fast_context_stays_close_to_the_exact_one(models):
+    m = models("gemma3")
+    sampled = req(PROMPT, temperature=1.0, seed=5)
+    [[exact]] = Sampler(m.decoder, m.tokenizer, fast=False).generate([sampled])
+    fast = Sampler(m.decoder, m.tokenizer, fast=True)
+    assert fast.kv_dtype == torch.float16
+    [[quick]] = fast.generate([sampled])
+    ref = m.logprobs(PROMPT + list(quick.ids))[len(PROMPT) - 1 :]
+    torch.testing.assert_close(torch.tensor(quick.logprobs), ref, atol=2e-2, rtol=2e-2)
+    assert len(exact.ids) == len(quick.ids)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_left_padded_batch_equals_each_prompt_alone(models, name):
+    m = models(name)
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    together = s.generate([req(PROMPT, temperature=0), req(SHORT, temperature=0)])
+    for prompt, [c] in zip((PROMPT, SHORT), together, strict=True):
+        [[alone]] = s.generate([req(prompt, temperature=0)])
+        assert c.ids == alone.ids
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=1e-4
+        )
+        assert c.prompt_tokens == len(prompt)
+
+
+def test_a_fixed_seed_gives_the_same_answer_whatever_the_batch(models):
+    m = models("qwen3")
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    mine = req(SHORT, n=2, temperature=0.9, top_p=0.95, seed=11)
+    [alone] = s.generate([mine])
+    crowd = [req(PROMPT, n=3, temperature=1.0, seed=1), mine, req([1, 5, 6, 7, 8], seed=2)]
+    in_crowd = s.generate(crowd)[1]
+    assert [c.ids for c in alone] == [c.ids for c in in_crowd]
+    assert alone[0].ids != alone[1].ids  # two answers, two seeds
+    [again] = s.generate([mine])
+    assert [c.ids for c in again] == [c.ids for c in alone]
+
+
+def test_host_and_device_sampling_agree_in_the_engine(models):
+    m = models("llama")
+    r = [req(PROMPT, n=3, temperature=0.8, top_p=0.9, seed=4)]
+    dev = Sampler(m.decoder, m.tokenizer, fast=False).generate(r)
+    host = Sampler(
+        m.decoder, m.tokenizer, fast=False, device_sampling=False, device_logprobs=False
+    ).generate(r)
+    assert [c.ids for c in dev[0]] == [c.ids for c in host[0]]
+    for a, b in zip(dev[0], host[0], strict=True):
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4
+        )
+
+
+def test_environment_switches(models, monkeypatch):
+    m = models("llama")
+    monkeypatch.setenv("RETRO_DEVICE_SAMPLING", "0")
+    monkeypatch.setenv("RETRO_DEVICE_LOGPROBS", "0")
+    monkeypatch.setenv("RETRO_FAST_TOP_P", "1")
+    s = Sampler(m.decoder, m.tokenizer)
+    assert (s.device_sampling, s.device_logprobs, s.fast_top_p) == (False, False, True)
+    monkeypatch.delenv("RETRO_DEVICE_SAMPLING")
+    assert Sampler(m.decoder, m.tokenizer).device_sampling
+
+
+def test_a_group_prefills_its_prompt_once(models, monkeypatch):
+    m = models("gemma3")
+    shapes = []
+    real = m.decoder.forward
+    monkeypatch.setattr(
+        m.decoder, "forward", lambda ids, **kw: shapes.append(ids.shape) or real(ids, **kw)
+    )
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    [group] = s.generate([req(PROMPT, n=4, temperature=1.0, seed=3, max_new_tokens=3)])
+    assert shapes[0] == (1, len(PROMPT))  # one prefill for the four answers
+    assert all(shape == (4, 1) for shape in shapes[1:])
+    assert len({c.ids for c in group}) > 1
+
+
+def test_stops_end_of_generation_ids_and_strings(models):
+    m = models("llama")
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    [[free]] = s.generate([req(PROMPT, temperature=0)])
+    stop_tok = free.ids[3]
+    [[by_id]] = s.generate([req(PROMPT, temperature=0, stop_ids=frozenset({stop_tok}))])
+    first = free.ids.index(stop_tok)
+    assert by_id.ids == free.ids[: first + 1] and by_id.finish_reason == FINISH_STOP
+    assert by_id.stopped_by == stop_tok
+    piece = free.text[3:5]
+    [[by_text]] = s.generate([req(PROMPT, temperature=0, stop=(piece,))])
+    assert by_text.finish_reason == FINISH_STOP and by_text.stopped_by == piece
+    assert by_text.text == free.text[: free.text.index(piece)]
+    assert len(by_text.ids) < len(free.ids)
+
+
+def test_streamed_text_equals_the_answer(models):
+    m = models("llama")
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    got: dict[int, str] = {}
+    out = s.generate(
+        [req(PROMPT, n=2, temperature=1.0, seed=9, stop=("zz",)), req(SHORT, temperature=0)],
+        on_text=lambda i, d: got.__setitem__(i, got.get(i, "") + d),
+    )
+    answers = [c for group in out for c in group]
+    assert [got.get(i, "") for i in range(3)] == [c.text for c in answers]
+
+
+def test_context_limit_ends_with_length(models):
+    m = models("llama")
+    s = Sampler(m.decoder, m.tokenizer, fast=False, max_len=len(PROMPT) + 4)
+    [[c]] = s.generate([req(PROMPT, temperature=0, max_new_tokens=100)])
+    assert len(c.ids) == 4 and c.finish_reason == FINISH_LENGTH
+    with pytest.raises(ValueError, match="no room"):
+        Sampler(m.decoder, m.tokenizer, max_len=len(PROMPT)).generate([req(PROMPT)])
+
+
+def test_per_sequence_positions_leave_unpadded_logits_unchanged(models):
+    m = models("gemma3")
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])
+    ref = m.decoder(ids)
+    pos = torch.arange(len(PROMPT)).expand(2, -1)
+    assert torch.equal(m.decoder(ids, positions=pos), ref)
