@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ def _write_optimizer(directory: Path, opt: OptimizerState) -> None:
     _write(directory / "optimizer.msgpack", pack(record))
 
 
-def _write_artifacts(directory: Path, artifacts: dict[str, bytes] | Any) -> None:
+def _write_artifacts(directory: Path, artifacts: Mapping[str, bytes]) -> None:
     if not artifacts:
         return
     (directory / ARTIFACTS).mkdir()
@@ -230,7 +231,6 @@ def _identity(m: dict) -> Identity:
         model_fingerprint=m["model_fingerprint"],
         data_fingerprint=m["data_fingerprint"],
         algorithm=m["algorithm"],
-        trajectory_signature=m["trajectory_signature"],
         trajectory_settings=m["trajectory_settings"],
         app_version=m["app_version"],
     )

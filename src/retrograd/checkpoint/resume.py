@@ -45,8 +45,8 @@ def check_resume(
             f"the algorithm changed ({ident.algorithm} in the checkpoint, {algorithm} now)"
         )
     if ident.trajectory_signature != settings_signature(trajectory_settings):
-        diffs = settings_diff(ident.trajectory_settings, trajectory_settings)
-        changes.append("settings that shape the trajectory changed: " + "; ".join(diffs))
+        diffs = "; ".join(settings_diff(ident.trajectory_settings, trajectory_settings))
+        changes.append(f"settings that shape the trajectory changed: {diffs}")
     if changes:
         raise ConfigError(f"cannot resume from {source}: " + "; and ".join(changes))
 
@@ -60,8 +60,7 @@ def settings_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         if _same(va, vb):
             continue
         out.append(f"{key}: {_show(va)} -> {_show(vb)}")
-    # The signature covers what the mapping shows; equal mappings mean an older signature scheme.
-    return out or ["the settings signature differs (checkpoint made by another version?)"]
+    return out
 
 
 def _flatten(m: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

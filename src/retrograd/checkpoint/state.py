@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from retrograd.checkpoint.fingerprint import settings_signature
+
 FORMAT_VERSION = 1
 
 
@@ -39,9 +41,12 @@ class Identity:
     model_fingerprint: str  # content (checkpoint.fingerprint.model_identity)
     data_fingerprint: str
     algorithm: str
-    trajectory_signature: str  # settings_signature(trajectory_settings)
-    trajectory_settings: Mapping[str, Any] = field(default_factory=dict)
+    trajectory_settings: Mapping[str, Any] = field(default_factory=dict)  # plain values only
     app_version: str = ""
+
+    @property
+    def trajectory_signature(self) -> str:
+        return settings_signature(self.trajectory_settings)
 
 
 @dataclass(frozen=True)

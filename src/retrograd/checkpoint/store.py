@@ -61,6 +61,8 @@ def save_checkpoint(
         raise
     if export_adapter and state.adapter is not None:
         _export(directory, checkpoint_id, state, final)
+    else:
+        export_path(directory, checkpoint_id).unlink(missing_ok=True)  # would be stale
     return final
 
 

@@ -14,7 +14,6 @@ from retrograd.checkpoint import (
     RngState,
     SchedulerState,
     Slot,
-    settings_signature,
 )
 
 SETTINGS = {"lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]}, "sft": {"lr": 1e-4}}
@@ -59,7 +58,6 @@ def make_state(
             model_fingerprint="sha256:" + "ab12" * 16,
             data_fingerprint="sha256:" + "cd34" * 16,
             algorithm="sft",
-            trajectory_signature=settings_signature(SETTINGS),
             trajectory_settings=SETTINGS,
             app_version="0.1.0",
         ),

@@ -106,8 +106,10 @@ def test_without_adapter_or_export_nothing_beside(tmp_path):
     assert not (tmp_path / "step-000000000005.gguf").exists()
     loaded = load_checkpoint(path)
     assert loaded.adapter is None and loaded.trainable is None and loaded.artifacts == {}
-    save_checkpoint(tmp_path, "step-000000000006", make_state(6), export_adapter=False)
-    assert not (tmp_path / "step-000000000006.gguf").exists()
+    save_checkpoint(tmp_path, "best", make_state(6))
+    assert (tmp_path / "best.gguf").is_file()
+    save_checkpoint(tmp_path, "best", make_state(7), export_adapter=False)
+    assert not (tmp_path / "best.gguf").exists()  # a stale export is not left beside it
 
 
 def test_damaged_files_are_refused(tmp_path):
