@@ -35,6 +35,7 @@ from retrograd.checkpoint.state import (
     Slot,
 )
 from retrograd.gguf import GGUFFile, write_gguf, write_lora_adapter
+from retrograd.gguf.writer import fsync_dir
 
 ADAPTER, TRAINABLE, OPTIMIZER_BIN, ARTIFACTS = (
     "adapter.gguf",
@@ -152,6 +153,7 @@ def _write_artifacts(directory: Path, artifacts: Mapping[str, bytes]) -> None:
         if not name or "/" in name or name.startswith("."):
             raise CheckpointError(f"artifact name {name!r}: must be a plain file name")
         _write(directory / ARTIFACTS / name, data)
+    fsync_dir(directory / ARTIFACTS)
 
 
 def _manifest(directory: Path, checkpoint_id: str, state: CheckpointState) -> dict:
