@@ -24,9 +24,12 @@ venv: $(VENV)/.installed
 test: venv
 	$(BIN)/python -m pytest -q
 
+# The main job: teach Gemma 3 270M Q4_K_M a behaviour it lacks (examples/demo/), then compare.
 demo: venv
 	$(BIN)/retrograd inspect --model $(GEMMA)
-	$(BIN)/python examples/logprob_report.py --model $(GEMMA)
+	$(BIN)/retrograd train examples/demo/pirate.toml --model $(GEMMA)
+	$(BIN)/retrograd bench examples/demo/pirate.toml --model $(GEMMA) --adapter out/demo/pirate.gguf
+	$(BIN)/python examples/demo/continuations.py --model $(GEMMA) --adapter out/demo/pirate.gguf
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples
