@@ -24,6 +24,8 @@ COMMANDS = {
         "retrograd.cli.preflight",
         "build one training step and list what the device cannot run",
     ),
+    "chat": ("retrograd.cli.chat", "chat with the model or an adapter in the terminal"),
+    "serve": ("retrograd.cli.serve", "serve the model through the OpenAI chat completions API"),
 }
 
 

@@ -1,0 +1,255 @@
+"""The OpenAI chat-completions request and response shapes, and what we refuse.
+
+A request is validated in two steps: pydantic checks types and ranges, then `check_supported`
+refuses, with a 400 naming the field, what this server does not do (n > 1, logprobs,
+penalties, a response_format other than text, tool_choice "required" or a named function,
+parallel_tool_calls false beside tools). Messages are converted to the records `ChatFormat`
+renders. Nothing here generates.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from retrograd.tokenizer.toolcalls import normalize_arguments
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
+        return {
+            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def parse_request(data: Any) -> ChatRequest:
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()
+        )
+        raise ApiError(400, f"invalid request: {problems}", param, "invalid_value") from None
+
+
+def check_supported(req: ChatRequest) -> None:
+    """Refuse, naming the field, what this server does not do."""
+
+    def refuse(field: str, why: str):
+        raise ApiError(
+            400, f"{field}: {why} is not supported by retrograd serve", field, "unsupported_value"
+        )
+
+    if req.n not in (None, 1):
+        refuse("n", "more than one choice")
+    if req.logprobs:
+        refuse("logprobs", "returning log-probabilities")
+    if req.top_logprobs is not None:
+        refuse("top_logprobs", "returning log-probabilities")
+    for field in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, field) not in (None, 0):
+            refuse(field, "a penalty")
+    if req.logit_bias:
+        refuse("logit_bias", "a logit bias")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        refuse("response_format", f"response_format type {req.response_format.get('type')!r}")
+    if isinstance(req.tool_choice, dict) or req.tool_choice not in (None, "auto", "none"):
+        refuse("tool_choice", f"tool_choice {json.dumps(req.tool_choice)}")
+    if req.tools and req.parallel_tool_calls is False:
+        refuse("parallel_tool_calls", "parallel_tool_calls false")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > 4:
+        raise ApiError(400, "stop: at most 4 stop strings", "stop", "invalid_value")
+
+
+def stop_strings(req: ChatRequest) -> tuple[str, ...]:
+    return tuple([req.stop] if isinstance(req.stop, str) else (req.stop or []))
+
+
+def tools_for_prompt(req: ChatRequest) -> list[dict] | None:
+    """The catalog the prompt shows: none with tool_choice "none"."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    for i, tool in enumerate(req.tools):
+        fn = tool.get("function")
+        if (
+            tool.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+            or not fn.get("name")
+        ):
+            raise ApiError(
+                400, f"tools[{i}]: expected a function with a name", f"tools[{i}]", "invalid_value"
+            )
+    return req.tools
+
+
+def to_records(messages: list[dict]) -> list[dict]:
+    """OpenAI messages -> the message records ChatFormat renders."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ApiError(
+                400, f"{where}.role: unknown role {role!r}", f"{where}.role", "invalid_value"
+            )
+        record: dict[str, Any] = {"role": role, "content": _text(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            record["tool_calls"] = [
+                _call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(m["tool_calls"])
+            ]
+        if role == "tool":
+            record["tool_call_id"] = m.get("tool_call_id")
+            if m.get("name"):
+                record["name"] = m["name"]
+        out.append(record)
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(
+                    400,
+                    f"{where}.content[{k}]: {kind!r} parts are not supported (text only)",
+                    f"{where}.content",
+                    "unsupported_value",
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise ApiError(
+        400,
+        f"{where}.content: expected a string or a list of text parts",
+        f"{where}.content",
+        "invalid_value",
+    )
+
+
+def _call(call: Any, where: str) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not fn.get("name"):
+        raise ApiError(
+            400, f"{where}: expected a function call with a name", where, "invalid_value"
+        )
+    try:
+        args = normalize_arguments(fn.get("arguments") or {})
+    except ValueError as e:
+        raise ApiError(
+            400, f"{where}.function.arguments: {e}", f"{where}.function.arguments", "invalid_value"
+        ) from None
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": args},
+    }
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def message_of(text: str, parsed) -> tuple[dict, str | None]:
+    """The assistant message for generated text; parsed: a ParsedTurn when tools were offered.
+    Returns the message and "tool_calls" when the model called tools."""
+    if parsed is not None and parsed.calls:
+        calls = [
+            {
+                "id": c.id or f"call_{secrets.token_hex(8)}",
+                "type": "function",
+                "function": {
+                    "name": c.name,
+                    "arguments": json.dumps(c.arguments, ensure_ascii=False),
+                },
+            }
+            for c in parsed.calls
+        ]
+        return {
+            "role": "assistant",
+            "content": parsed.content or None,
+            "tool_calls": calls,
+        }, "tool_calls"
+    return {"role": "assistant", "content": text}, None
+
+
+def completion_body(model: str, message: dict, finish: str, usage: dict) -> dict:
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": usage,
+    }
+
+
+def stream_chunks(body: dict, include_usage: bool) -> list[dict]:
+    """A finished completion as the chunks of a stream: the whole delta, then the finish."""
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    message = dict(body["choices"][0]["message"])
+    if "tool_calls" in message:
+        message["tool_calls"] = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
+    finish = body["choices"][0]["finish_reason"]
+    chunks = [
+        base | {"choices": [{"index": 0, "delta": message, "finish_reason": None}]},
+        base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+    ]
+    if include_usage:
+        chunks.append(base | {"choices": [], "usage": body["usage"]})
+    return chunks
+
+
+def model_entry(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "retrograd"}
+
+
+RouteName = Literal["chat", "models"]
