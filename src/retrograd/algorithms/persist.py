@@ -7,31 +7,56 @@ export). It knows the run file's sections, not the training math.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from retrograd import __version__
+from retrograd.checkpoint import (
+    AdapterState,
+    CheckpointState,
+    DatasetPosition,
+    Identity,
+    ModelIdentity,
+    Progress,
+    SchedulerState,
+    check_resume,
+    latest_checkpoint,
+    load_checkpoint,
+    model_identity,
+    save_checkpoint,
+    settings_signature,
+    step_id,
+)
+from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
+from retrograd.checkpoint.rng import capture_rng, restore_rng
+from retrograd.errors import ConfigError
 from retrograd.gguf.lora_export import write_lora_adapter
 from retrograd.observe import Metrics, RunInfo, names
+from retrograd.optim import lr_at
+
+if TYPE_CHECKING:
+    from retrograd.algorithms.sft import Position
 
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """What a checkpoint must match to be resumed by this run."""
+    """What a checkpoint must match to be resumed by this run, and how to describe the run."""
 
-    model_path: Path
+    architecture: str
+    model: ModelIdentity
     data_fingerprint: str
     algorithm: str
-    trajectory_signature: str
+    trajectory: dict  # settings that change which steps happen and what they compute
 
     @classmethod
-    def of(cls, cfg, model, train, plan) -> RunIdentity:
+    def of(cls, cfg, architecture: str, train, held, plan) -> RunIdentity:
         t = cfg.training
-        trajectory = {  # settings that change which steps happen and what they compute
+        trajectory = {
             "ctx": t.ctx,
             "micro_batch": t.micro_batch,
             "gradient_accumulation": t.gradient_accumulation,
@@ -43,14 +68,24 @@ class RunIdentity:
             "weight_decay": t.weight_decay,
             "max_grad_norm": t.max_grad_norm,
             "shuffle": cfg.sft.shuffle,
-            "template_variables": cfg.sft.template_variables,
-            "plan": plan.as_dict(),
-            "seed": cfg.lora.seed if cfg.lora else None,
+            "template_variables": dict(cfg.sft.template_variables),
+            "lora": {
+                "rank": plan.rank,
+                "alpha": plan.alpha,
+                "seed": cfg.lora.seed,
+                "targets": [p.name for p in plan.trained],
+            },
         }
-        sig = hashlib.sha256(
-            json.dumps(trajectory, sort_keys=True, default=str).encode()
-        ).hexdigest()
-        return cls(Path(cfg.model.path), train.fingerprint, cfg.run.algorithm, sig)
+        data = settings_signature(
+            {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None}
+        )
+        return cls(
+            architecture,
+            model_identity(cfg.model.path),
+            data,
+            cfg.run.algorithm,
+            json.loads(json.dumps(trajectory, default=str)),
+        )
 
 
 class Sinks:
@@ -66,6 +101,7 @@ class Sinks:
         return cls(quiet=True)
 
     def start(self, cfg, model, train, held, plan, total_steps: int, initial_step: int = 0) -> None:
+        """Print what the run is about to do and open the metric sinks."""
         self.plan_lines = plan.describe()
         if self.quiet:
             return
@@ -96,9 +132,9 @@ class Sinks:
             initial_step=initial_step,
         )
 
-    def resumed(self, state, global_step: int) -> None:
+    def resumed(self, source: str, global_step: int) -> None:
         if self.metrics is not None:
-            self.console.print(f"resumed from {state.path} at step {global_step}")
+            self.console.print(f"resumed from {source} at step {global_step}")
             self.metrics.global_step = global_step
             self.metrics.progress.global_step = global_step
 
@@ -161,20 +197,124 @@ def export_output(cfg, model, plan, adapters) -> Path:
     )
 
 
-# -- checkpoints (wired to retrograd.checkpoint) -------------------------------------------
+# -- checkpoints ---------------------------------------------------------------------------
 
 
-def find_resume(cfg, resume):
-    return None
+def find_resume(cfg, resume) -> tuple[CheckpointState, str] | None:
+    """The checkpoint `train --resume [path]` or [checkpoint].resume_from names, loaded."""
+    ck = cfg.checkpoint
+    target = resume if resume not in (None, False) else (ck.resume_from if ck else None)
+    if target is None:
+        return None
+    if target is True:
+        if ck is None:
+            raise ConfigError("--resume without a path needs [checkpoint].directory")
+        latest = latest_checkpoint(ck.directory)
+        if latest is None:
+            raise ConfigError(f"--resume: no complete checkpoint in {ck.directory}")
+        target = latest
+    return load_checkpoint(target), str(target)
 
 
-def restore(state, run, named, optimizer):
-    raise NotImplementedError
+def restore(
+    found: tuple[CheckpointState, str], run: RunIdentity, named, optimizer, patience
+) -> Position:
+    """Put adapters, optimizer, RNGs and patience back; the position to continue from."""
+    from retrograd.algorithms.sft import Position
+
+    state, source = found
+    if state.optimizer.kind != cfg_kind(run):
+        raise ConfigError(
+            f"cannot resume from {source}: the optimizer changed "
+            f"({state.optimizer.kind} in the checkpoint, {cfg_kind(run)} now)"
+        )
+    check_resume(
+        state,
+        model_fingerprint=run.model.fingerprint,
+        data_fingerprint=run.data_fingerprint,
+        algorithm=run.algorithm,
+        trajectory_settings=run.trajectory,
+        source=source,
+    )
+    tensors = state.adapter.tensors if state.adapter else {}
+    with torch.no_grad():
+        for name, param in named:
+            base, half = name.rsplit(".", 1)
+            a, b = tensors[base]
+            param.copy_(torch.from_numpy(np.ascontiguousarray(a if half == "lora_a" else b)))
+    restore_optimizer(optimizer, [n for n, _ in named], state.optimizer)
+    restore_rng(state.rng)
+    patience.best = (
+        state.progress.best_metric if state.progress.best_metric is not None else patience.best
+    )
+    patience.stale = state.progress.stale_evaluations
+    ds = state.dataset
+    return Position(ds.epoch, ds.index, int(ds.extra.get("group", 0)), state.global_step)
 
 
-def maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, sinks) -> None:
-    return None
+def cfg_kind(run: RunIdentity) -> str:
+    return str(run.trajectory["optimizer"])
 
 
-def save_best(cfg, run, pos, named, optimizer, plan, patience, sinks) -> None:
-    return None
+def _state(
+    cfg, run: RunIdentity, pos, named, optimizer, plan, patience, total: int
+) -> CheckpointState:
+    t = cfg.training
+    lr = lr_at(max(0, pos.global_step - 1), total, t.lr, t.lr_scheduler, t.warmup_steps)
+    tensors = {}
+    params = dict(named)
+    for p in plan.trained:
+        a = params[p.name + ".lora_a"].detach().float().cpu().numpy()
+        b = params[p.name + ".lora_b"].detach().float().cpu().numpy()
+        tensors[p.name] = (a, b)
+    best = patience.best if patience.best != float("inf") else None
+    return CheckpointState(
+        architecture=run.architecture,
+        progress=Progress(pos.global_step, pos.epoch, 0, best, patience.stale),
+        identity=Identity(
+            run.model.signature,
+            run.model.bytes,
+            run.model.fingerprint,
+            run.data_fingerprint,
+            run.algorithm,
+            run.trajectory,
+            __version__,
+        ),
+        scheduler=SchedulerState(t.lr_scheduler, pos.global_step, total, t.lr, t.warmup_steps, lr),
+        optimizer=optimizer_state(
+            optimizer,
+            [n for n, _ in named],
+            kind=t.optimizer,
+            hyper={"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm},
+        ),
+        rng=capture_rng(seeds={"lora": cfg.lora.seed}),
+        dataset=DatasetPosition(pos.epoch, pos.index, {"group": pos.group}),
+        adapter=AdapterState(plan.rank, plan.alpha, plan.dtype, tensors),
+        trainable_plan=plan.as_dict(),
+    )
+
+
+def maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, total, sinks) -> None:
+    ck = cfg.checkpoint
+    if (
+        ck is None
+        or ck.mode not in ("steps", "steps_and_best_eval")
+        or pos.global_step % ck.every_steps
+    ):
+        return
+    path = save_checkpoint(
+        ck.directory,
+        step_id(pos.global_step),
+        _state(cfg, run, pos, named, optimizer, plan, patience, total),
+    )
+    sinks.checkpoint(path, pos.global_step)
+
+
+def save_best(cfg, run, pos, named, optimizer, plan, patience, total, sinks) -> None:
+    ck = cfg.checkpoint
+    if ck is None or ck.mode not in ("best_eval", "steps_and_best_eval"):
+        return
+    path = save_checkpoint(
+        ck.directory, "best", _state(cfg, run, pos, named, optimizer, plan, patience, total)
+    )
+    sinks.checkpoint(path, pos.global_step)

@@ -55,6 +55,7 @@ class SFTResult:
     tokens: int
     last_loss: float | None = None
     evals: list[tuple[int, float]] = field(default_factory=list)
+    last_eval_improved: bool = False
 
 
 def load_data(cfg, model, chat_fmt) -> tuple[SFTDataset, SFTDataset | None]:
@@ -96,9 +97,8 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
     params = [p for _, p in named]
     optimizer = build_optimizer(params, training, cfg.optimizer)
     steps = total_steps(train, training)
-    run = persist.RunIdentity.of(cfg, model, train, plan)
+    run = persist.RunIdentity.of(cfg, model.config.name, train, held, plan)
     sinks = sinks or persist.Sinks.quiet()
-    sinks.start(cfg, model, train, held, plan, steps)
 
     # 2. resume
     pos = Position()
@@ -106,11 +106,12 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
         cfg.evaluation.patience if cfg.evaluation else None,
         cfg.evaluation.min_delta if cfg.evaluation else 0.0,
     )
-    state = persist.find_resume(cfg, resume)
-    if state is not None:
-        pos, best = persist.restore(state, run, named, optimizer)
-        patience.best = best if best is not None else patience.best
-        sinks.resumed(state, pos.global_step)
+    found = persist.find_resume(cfg, resume)
+    if found is not None:
+        pos = persist.restore(found, run, named, optimizer, patience)
+    sinks.start(cfg, model, train, held, plan, steps, initial_step=pos.global_step)
+    if found is not None:
+        sinks.resumed(found[1], pos.global_step)
 
     # 3. train
     opts = LossOptions(
@@ -143,19 +144,21 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
                 result.tokens += tokens
                 result.last_loss = loss
                 sinks.step(pos.global_step, epoch, loss, lr, tokens, time.perf_counter() - t0)
-                persist.maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, sinks)
-        # 4. evaluate
-        result.epochs_done = epoch + 1
-        if held is not None and _evaluate_now(cfg, epoch):
-            loss, _ = sft_loss(model.decoder, held, seq_chunk=training.chunked_ce_seq_chunk)
-            improved = patience.update(loss)
-            result.evals.append((pos.global_step, loss))
-            sinks.evaluation(epoch + 1, pos.global_step, loss, perplexity(loss), improved, patience)
-            if improved:
-                persist.save_best(cfg, run, pos, named, optimizer, plan, patience, sinks)
-            if patience.stop:
-                result.stopped_early = True
-                break
+                # 4. evaluate after an epoch's last step, before that step's checkpoint
+                if pos.epoch == epoch + 1:
+                    result.epochs_done = epoch + 1
+                    if held is not None and _evaluate_now(cfg, epoch):
+                        _evaluate(cfg, model, held, pos, patience, result, sinks)
+                        if result.last_eval_improved:
+                            persist.save_best(
+                                cfg, run, pos, named, optimizer, plan, patience, steps, sinks
+                            )
+                persist.maybe_checkpoint(
+                    cfg, run, pos, named, optimizer, plan, patience, steps, sinks
+                )
+        if patience.stop:
+            result.stopped_early = True
+            break
     # 5. export
     persist.export_output(cfg, model, plan, adapters)
     result.global_step = pos.global_step
@@ -173,6 +176,17 @@ def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_example
     if i + 1 < n_examples:
         return Position(epoch, i + 1, 0, step)
     return Position(epoch + 1, 0, 0, step)
+
+
+def _evaluate(
+    cfg, model, held, pos: Position, patience: Patience, result: SFTResult, sinks
+) -> None:
+    loss, _ = sft_loss(model.decoder, held, seq_chunk=cfg.training.chunked_ce_seq_chunk)
+    result.last_eval_improved = patience.update(loss)
+    result.evals.append((pos.global_step, loss))
+    sinks.evaluation(
+        pos.epoch, pos.global_step, loss, perplexity(loss), result.last_eval_improved, patience
+    )
 
 
 def _evaluate_now(cfg, epoch: int) -> bool:
