@@ -1,0 +1,221 @@
+"""`retrograd serve` as a user runs it, driven by the official openai SDK and by raw HTTP.
+
+One server process (real Gemma 3 270M with a small adapter) serves the module; it binds
+127.0.0.1 on a free port and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from retrograd.cli.main import main
+from tests.oracles.test_adapter_reading import write_adapter
+
+HELLO = [{"role": "user", "content": "Write one word."}]
+
+
+def write_run(directory: Path, adapter: Path | None = None) -> Path:
+    (directory / "data.jsonl").write_text("")
+    out = adapter.name if adapter else "adapter.gguf"
+    run = directory / "run.toml"
+    run.write_text(
+        f'[run]\nalgorithm = "sft"\n[output]\npath = "{out}"\n[lora]\nrank = 4\n'
+        '[sft]\ndata = "data.jsonl"\n'
+    )
+    return run
+
+
+def gemma_adapter(gemma_path, path: Path) -> Path:
+    targets = [f"blk.{i}.attn_output.weight" for i in range(18)]
+    return write_adapter(path, gemma_path, targets, rank=4, alpha=8.0, seed=1)
+
+
+@pytest.fixture(scope="module")
+def server(gemma_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    adapter = gemma_adapter(gemma_path, root / "tuned.gguf")
+    run = write_run(root, adapter)
+    cmd = [sys.executable, "-m", "retrograd.cli.main", "serve", str(run)]
+    cmd += ["--model", str(gemma_path), "--device", "cpu", "--port", "0", "--ctx", "512"]
+    cmd += ["--model-name", "tuned"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once the model is loaded and the port bound
+        assert "serving tuned and base at http://127.0.0.1:" in line, proc.stderr.read()
+        url = line.split(" at ")[1].split()[0]
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_adapter_and_base(client):
+    assert [m.id for m in client.models.list().data] == ["tuned", "base"]
+    assert client.models.retrieve("base").id == "base"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_greedy_answers_repeat_and_the_adapter_changes_them(client):
+    def ask(model):
+        r = client.chat.completions.create(
+            model=model, messages=HELLO, temperature=0, max_tokens=8, seed=1
+        )
+        return r
+
+    first, again, base = ask("tuned"), ask("tuned"), ask("base")
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert first.choices[0].message.content != base.choices[0].message.content
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens <= 8 and first.usage.prompt_tokens > 5
+    assert ask("tuned").choices[0].message.content == first.choices[0].message.content
+
+
+def test_streaming_sends_the_same_answer(client):
+    kw = dict(model="tuned", messages=HELLO, temperature=0, max_tokens=8)
+    plain = client.chat.completions.create(**kw)
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == plain.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_stop_strings_cut_the_answer(client):
+    kw = dict(model="base", messages=HELLO, temperature=0, max_tokens=12)
+    text = client.chat.completions.create(**kw).choices[0].message.content
+    cut = text[2:4]
+    r = client.chat.completions.create(**kw, stop=[cut])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[: text.index(cut)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"temperature": 3.0}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_refusals_are_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tuned", messages=HELLO, **extra)
+    assert err.value.param == param
+    assert param in err.value.message
+
+
+def test_tool_refusals_name_the_field(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tuned", messages=HELLO, tools=tools, **extra)
+        assert err.value.param == param
+
+
+def test_unknown_model_and_bad_messages(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=HELLO)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tuned", messages=[])
+    assert err.value.param == "messages"
+    long = [{"role": "user", "content": "word " * 2000}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tuned", messages=long)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_malformed_and_oversized_requests_get_clear_json(server):
+    url = server + "/chat/completions"
+    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(url, content=b"x" * (5 << 20))
+    assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"messages": HELLO})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    r = httpx.get(server + "/nowhere")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_concurrent_clients_are_all_answered(client):
+    results: dict[int, str] = {}
+    errors: list[Exception] = []
+
+    def ask(i: int):
+        try:
+            r = client.chat.completions.create(
+                model="tuned" if i % 3 else "base",
+                messages=[{"role": "user", "content": "Count to three." if i % 2 else "Hi"}],
+                temperature=0.8,
+                max_tokens=6,
+                seed=i,
+            )
+            results[i] = r.choices[0].message.content
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(10)]
+    start = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert len(results) == 10 and all(isinstance(v, str) for v in results.values())
+    assert time.time() - start < 300
+
+
+def test_serve_refuses_an_open_bind_without_a_key(tmp_path, capsys):
+    run = write_run(tmp_path)
+    assert main(["serve", str(run), "--model", "x.gguf", "--host", "0.0.0.0", "--base-only"]) == 1
+    assert "requires --api-key" in capsys.readouterr().err
+
+
+def test_serve_checkpoint_names_the_exported_adapter(tmp_path, capsys, gemma_path):
+    run = write_run(tmp_path)
+    ckpt = tmp_path / "ckpt" / "best.state"
+    code = main(["serve", str(run), "--model", str(gemma_path), "--checkpoint", str(ckpt)])
+    assert code == 1
+    assert str(tmp_path / "ckpt" / "best.gguf") in capsys.readouterr().err
+
+
+def test_sse_frames_are_json_then_done(server):
+    body = {"model": "base", "messages": HELLO, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server + "/chat/completions", json=body, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    assert all(json.loads(f)["object"] == "chat.completion.chunk" for f in frames[:-1])
+
+
+def test_tools_reach_the_real_models_prompt(client):
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    kw = dict(model="tuned", messages=HELLO, temperature=0, max_tokens=2)
+    with_tools = client.chat.completions.create(**kw, tools=[tool])
+    without = client.chat.completions.create(**kw, tools=[tool], tool_choice="none")
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens + 20
