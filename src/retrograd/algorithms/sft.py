@@ -29,7 +29,7 @@ from retrograd.algorithms.step import (
     new_cache,
     prefill_groups,
 )
-from retrograd.data.sft import SFTDataset, load_sft_data, permutation
+from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
 from retrograd.optim import build_optimizer, lr_at
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
@@ -58,15 +58,15 @@ class SFTResult:
     last_eval_improved: bool = False
 
 
-def load_data(cfg, model, chat_fmt) -> tuple[SFTDataset, SFTDataset | None]:
-    ctx = cfg.training.ctx
-    train = load_sft_data(cfg.sft.data, model.tokenizer, ctx, cfg.sft.data_format, chat_fmt)
-    held = None
-    if cfg.evaluation is not None:
-        held = load_sft_data(
-            cfg.evaluation.data, model.tokenizer, ctx, cfg.sft.data_format, chat_fmt
-        )
-    return train, held
+def load_data(cfg, model) -> tuple[SFTDataset, SFTDataset | None]:
+    """The training file and the held-out one, tokenized; chat data through the model's template."""
+    ctx, fmt = cfg.training.ctx, cfg.sft.data_format
+    paths = [cfg.sft.data] + ([cfg.evaluation.data] if cfg.evaluation is not None else [])
+    chat_fmt = None
+    if any(infer_format(Path(p), fmt) == "jsonl" for p in paths):
+        chat_fmt = context.chat_format(model, cfg.sft.template_variables)
+    sets = [load_sft_data(p, model.tokenizer, ctx, fmt, chat_fmt) for p in paths]
+    return sets[0], (sets[1] if len(sets) > 1 else None)
 
 
 def total_steps(data: SFTDataset, training) -> int:
@@ -89,8 +89,7 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
     check_mode(training.trainable)
     model = context.load_model(cfg)
     context.apply_memory_knobs(model, training)
-    chat_fmt = context.chat_format(model, cfg.sft.template_variables)
-    train, held = load_data(cfg, model, chat_fmt)
+    train, held = load_data(cfg, model)
     init = cfg.lora.init_adapter if cfg.lora else None
     plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
     named = trained_parameters(adapters)

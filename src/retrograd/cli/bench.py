@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -58,14 +59,16 @@ def run(args: argparse.Namespace) -> int:
 def bench_sft(cfg, data: str, args) -> int:
     from retrograd.algorithms import context
     from retrograd.algorithms.evaluate import perplexity, sft_loss
-    from retrograd.data.sft import load_sft_data
+    from retrograd.data.sft import infer_format, load_sft_data
     from retrograd.trainable.lora import apply_adapter_file
 
     con = Console()
     model = context.load_model(cfg)
     con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
-    chat_fmt = context.chat_format(model, cfg.sft.template_variables)
     fmt = args.format or cfg.sft.data_format
+    chat_fmt = None
+    if infer_format(Path(data), fmt) == "jsonl":
+        chat_fmt = context.chat_format(model, cfg.sft.template_variables)
     ds = load_sft_data(data, model.tokenizer, args.ctx or cfg.training.ctx, fmt, chat_fmt)
     n = min(len(ds.examples), args.limit or len(ds.examples))
     con.print(f"data: {ds.describe()}; scoring {n}")
