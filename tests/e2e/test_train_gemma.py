@@ -44,7 +44,10 @@ data = "train.jsonl"
     assert main(["train", str(run)]) == 0
     adapter = tmp_path / "pirate.gguf"
     capsys.readouterr()
-    assert main(["bench", str(run), "--data", str(tmp_path / "eval.jsonl"), "--adapter", str(adapter)]) == 0
+    assert (
+        main(["bench", str(run), "--data", str(tmp_path / "eval.jsonl"), "--adapter", str(adapter)])
+        == 0
+    )
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("│")]
     base_loss, tuned_loss = (float(r.split("│")[2]) for r in rows[:2])
     assert tuned_loss < base_loss / 3  # the held-out answers are now the likely ones

@@ -1,0 +1,116 @@
+"""SFT datasets: formats, windows, masks, truncation and errors that name file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import retrograd
+from retrograd.data.sft import infer_format, load_sft_data
+from retrograd.errors import DataError
+from retrograd.tokenizer.conversation import ChatFormat
+from retrograd.tokenizer.fallbacks import chat_template
+
+
+@pytest.fixture(scope="module")
+def gemma_chat(gemma_path):
+    from retrograd.gguf import GGUFFile
+
+    tok = retrograd.load_tokenizer(gemma_path)
+    return tok, ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
+
+
+def chat(q: str, a: str) -> str:
+    return json.dumps(
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+    )
+
+
+def test_format_inference(tmp_path):
+    for name, body, fmt in [
+        ("a.jsonl", "x", "jsonl"),
+        ("a.txt", "{", "text"),
+        ("a.md", "{", "text"),
+        ("a.data", '  {"messages": []}', "jsonl"),
+        ("a.data", "hello", "text"),
+    ]:
+        p = tmp_path / name
+        p.write_text(body)
+        assert infer_format(p) == fmt
+    assert infer_format(tmp_path / "a.txt", "jsonl") == "jsonl"
+    with pytest.raises(DataError, match="must be text or jsonl"):
+        infer_format(tmp_path / "a.txt", "csv")
+
+
+def test_text_windows_overlap_by_one_so_every_token_is_predicted_once(tiny_model, tmp_path):
+    tok = retrograd.load_tokenizer(tiny_model("llama"))
+    p = tmp_path / "t.txt"
+    p.write_text("the quick brown fox jumps over the lazy dog " * 5)
+    ids = tok.tokenize(p.read_text(), add_bos=True)
+    ds = load_sft_data(p, tok, ctx=16)
+    assert all(len(e.ids) <= 16 for e in ds.examples)
+    predicted = [t for e in ds.examples for t, m in zip(e.ids, e.mask, strict=True) if m]
+    assert predicted == ids[1:]
+    assert ds.format == "text" and ds.n_targets == len(ids) - 1
+
+
+def test_chat_masks_train_only_the_assistant(gemma_chat, tmp_path):
+    tok, fmt = gemma_chat
+    p = tmp_path / "c.jsonl"
+    p.write_text(chat("Hi", "Hello there!") + "\n\n" + chat("Bye", "See you.") + "\n")
+    ds = load_sft_data(p, tok, ctx=64, chat=fmt)
+    assert [e.where for e in ds.examples] == ["c.jsonl:1", "c.jsonl:3"]
+    trained = tok.detokenize(
+        [t for t, m in zip(ds.examples[0].ids, ds.examples[0].mask, strict=True) if m], special=True
+    )
+    assert trained == "Hello there!<end_of_turn>"
+
+
+def test_long_rows_are_truncated_and_empty_ones_dropped(gemma_chat, tmp_path):
+    tok, fmt = gemma_chat
+    p = tmp_path / "c.jsonl"
+    long_q = "word " * 40
+    p.write_text(
+        "\n".join(
+            [
+                chat("Hi", "Hello there, friend."),
+                chat(long_q, "Yes."),
+                chat("Hi", "A " + "long answer " * 30),
+            ]
+        )
+        + "\n"
+    )
+    ds = load_sft_data(p, tok, ctx=24, chat=fmt)
+    assert ds.truncated == 2 and ds.dropped == 1  # the long question leaves nothing to train
+    assert [e.where for e in ds.examples] == ["c.jsonl:1", "c.jsonl:3"]
+    assert len(ds.examples[1].ids) == 24 and sum(ds.examples[1].mask) > 0
+    assert "truncated" in ds.describe() and "dropped" in ds.describe()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{oops", "c.jsonl:2: invalid JSON"),
+        ('{"messages": []}', 'c.jsonl:2: "messages" must be a non-empty list'),
+        (
+            '{"messages": [{"role": "user", "content": "only a question"}]}',
+            "c.jsonl:2: no assistant message",
+        ),
+    ],
+)
+def test_bad_records_name_file_and_line(gemma_chat, tmp_path, line, message):
+    tok, fmt = gemma_chat
+    p = tmp_path / "c.jsonl"
+    p.write_text(chat("Hi", "Hello") + "\n" + line + "\n")
+    with pytest.raises(DataError, match=message):
+        load_sft_data(p, tok, ctx=64, chat=fmt)
+
+
+def test_missing_file_and_empty_data(tiny_model, tmp_path):
+    tok = retrograd.load_tokenizer(tiny_model("llama"))
+    with pytest.raises(DataError, match="no such data file"):
+        load_sft_data(tmp_path / "absent.txt", tok, ctx=16)
+    (tmp_path / "e.txt").write_text("")
+    with pytest.raises(DataError, match="no example to train on"):
+        load_sft_data(tmp_path / "e.txt", tok, ctx=16)
