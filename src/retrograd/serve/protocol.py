@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -250,6 +250,3 @@ def stream_chunks(body: dict, include_usage: bool) -> list[dict]:
 
 def model_entry(name: str, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "retrograd"}
-
-
-RouteName = Literal["chat", "models"]
