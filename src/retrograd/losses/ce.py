@@ -79,12 +79,13 @@ class _TiledHeadCE(torch.autograd.Function):
         target_logit = torch.zeros(h.shape[0], device=h.device)
         for v0 in range(0, n_vocab, width):
             z = _tile_logits(hd, weight.row_block(v0, min(v0 + width, n_vocab), dtype), cap)
-            new_m = torch.maximum(m, z.max(-1).values)
-            s = s * torch.exp(m - new_m) + torch.exp(z - new_m[:, None]).sum(-1)
-            m = new_m
             inside = (targets >= v0) & (targets < v0 + z.shape[1])
             idx = (targets - v0).clamp(0, z.shape[1] - 1)
             target_logit += torch.where(inside, z.gather(1, idx[:, None])[:, 0], 0.0)
+            new_m = torch.maximum(m, z.max(-1).values)
+            # NOTE: in place: a tile is (tokens x vocab / tiles) floats, the largest tensors here
+            s = s * torch.exp(m - new_m) + z.sub_(new_m[:, None]).exp_().sum(-1)
+            m = new_m
         lse = m + torch.log(s)  # (N,)
         ctx.save_for_backward(h, targets, lse)
         ctx.weight, ctx.dtype, ctx.width, ctx.cap = weight, dtype, width, cap
@@ -100,11 +101,14 @@ class _TiledHeadCE(torch.autograd.Function):
         for v0 in range(0, n_vocab, width):
             w = weight.row_block(v0, min(v0 + width, n_vocab), dtype)
             z = _tile_logits(hd, w, cap)
-            g = torch.exp(z - lse[:, None])  # softmax (N, tile)
-            inside = (targets >= v0) & (targets < v0 + z.shape[1])
+            if cap:
+                dcap = 1 - (z / cap) ** 2  # d(cap tanh(x / cap))/dx
+            g = z.sub_(lse[:, None]).exp_()  # softmax, in place (N, tile)
+            inside = (targets >= v0) & (targets < v0 + g.shape[1])
             rows = inside.nonzero()[:, 0]
             g[rows, targets[rows] - v0] -= 1.0
             if cap:
-                g = g * (1 - (z / cap) ** 2)  # d(cap tanh(x / cap))/dx
-            grad_h += ((g * grad_out).to(dtype) @ w).float()
+                g.mul_(dcap)
+            grad_h += (g.to(dtype) @ w).float()
+        grad_h *= grad_out
         return grad_h.to(h.dtype), None, None, None, None, None
