@@ -161,3 +161,26 @@ def test_bad_data_line_is_named(tiny_model, tmp_path, capsys):
     assert main(["train", str(run)]) == 1
     err = capsys.readouterr().err
     assert "chat.jsonl:1" in err or "chat.jsonl:2" in err or "chat template" in err
+
+
+def test_init_adapter_starts_from_an_existing_adapter(tiny_model, tmp_path):
+    from retrograd.gguf import GGUFFile
+
+    model = tiny_model("llama")
+    first = tmp_path / "first"
+    first.mkdir()
+    assert main(["train", str(write_run(first, model, training={"epochs": 1}))]) == 0
+    start = first / "out" / "adapter.gguf"
+    second = tmp_path / "second"
+    second.mkdir()
+    run = write_run(second, model, training={"epochs": 1, "lr": 1e-12})
+    text = run.read_text()
+    lora = text[text.index("[lora]") : text.index("[training]")]
+    run.write_text(text.replace(lora, f'[lora]\ninit_adapter = "{start}"\n'))
+    assert main(["train", str(run)]) == 0
+    a, b = GGUFFile(start), GGUFFile(second / "out" / "adapter.gguf")
+    assert set(a.tensors) == set(b.tensors)
+    for name in a.tensors:
+        x = np.asarray(a.tensors[name].data.view(np.float32))
+        y = np.asarray(b.tensors[name].data.view(np.float16), dtype=np.float32)  # f16 by default
+        assert np.abs(x - y).max() <= 1e-3 * max(1.0, float(np.abs(x).max())), name
