@@ -26,22 +26,7 @@ import torch
 import retrograd
 from tests.factories.tiny_gguf import SPECS, quantize, write_tiny
 from tests.oracles.llama_oracle import llama_logits, open_llama
-
-QUANTS = [
-    "MOSTLY_F16",
-    "MOSTLY_BF16",
-    "MOSTLY_Q8_0",
-    "MOSTLY_Q4_0",
-    "MOSTLY_Q5_1",
-    "MOSTLY_Q4_K_M",
-    "MOSTLY_Q5_K_S",
-    "MOSTLY_Q6_K",
-    "MOSTLY_Q3_K_M",
-    "MOSTLY_Q2_K",
-    "MOSTLY_IQ4_NL",
-    "MOSTLY_IQ4_XS",
-]
-IDS = [1] + [int(i) for i in np.random.default_rng(7).integers(3, 512, 47)]
+from tests.oracles.test_model_exactness import IDS, QUANTS  # the tested ids and quant types
 
 
 def ours(path, ids, dtype=torch.float32) -> np.ndarray:
