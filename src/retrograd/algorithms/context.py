@@ -57,3 +57,28 @@ def kv_dtype(model: Model, training) -> torch.dtype:
     if model.dtype == torch.float32:
         return torch.float32
     return KV_DTYPES[training.kv_dtype]
+
+
+def preflight_check(model: Model, training, console=None) -> None:
+    """The preflight audit at the start of a run, on an accelerator (on the CPU nothing can
+    fall back). Fallbacks are printed; with require_gpu_resident they stop the run."""
+    import os
+
+    from retrograd.errors import DeviceError
+    from retrograd.model.preflight import preflight
+
+    if model.device.type == "cpu":
+        return
+    report = preflight(model.decoder, ["auto"])
+    if not report.problems:
+        return
+    listed = ", ".join(report.problems)
+    strict = training.require_gpu_resident or os.environ.get("RETRO_REQUIRE_GPU_RESIDENT") == "1"
+    if strict:
+        raise DeviceError(
+            f"[training].require_gpu_resident: operations off {model.device.type}: {listed}"
+        )
+    if console is not None:
+        console.print(
+            f"[yellow]preflight[/]: operations fall back off {model.device.type}: {listed}"
+        )

@@ -88,6 +88,7 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
     # 1. build
     check_mode(training.trainable)
     model = context.load_model(cfg)
+    context.preflight_check(model, training, getattr(sinks, "console", None))
     context.apply_memory_knobs(model, training)
     train, held = load_data(cfg, model)
     init = cfg.lora.init_adapter if cfg.lora else None
