@@ -57,7 +57,9 @@ def test_micro_batch_split_gives_the_whole_window_loss(tiny_model, micro_batch):
     assert math.isclose(a, b, rel_tol=1e-5)
 
 
-@pytest.mark.parametrize("stride, dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float32)])
+@pytest.mark.parametrize(
+    "stride, dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float32)]
+)
 def test_gradient_checkpointing_equals_plain(tiny_model, stride, dtype):
     m, loras = model_with_lora(tiny_model)
     opts = LossOptions()
@@ -74,9 +76,13 @@ def test_gradient_checkpointing_equals_plain(tiny_model, stride, dtype):
 def test_chunked_and_plain_loss_give_the_same_gradients(tiny_model):
     m, loras = model_with_lora(tiny_model, "llama")
     (g,) = groups_of(EX, 32, 1)
-    a = backward_group(m.decoder, EX, g, new_cache(m.decoder, EX, torch.float32), LossOptions(chunked=False))
+    a = backward_group(
+        m.decoder, EX, g, new_cache(m.decoder, EX, torch.float32), LossOptions(chunked=False)
+    )
     ga = grads(loras)
-    b = backward_group(m.decoder, EX, g, new_cache(m.decoder, EX, torch.float32), LossOptions(tiles=5, seq_chunk=7))
+    b = backward_group(
+        m.decoder, EX, g, new_cache(m.decoder, EX, torch.float32), LossOptions(tiles=5, seq_chunk=7)
+    )
     gb = grads(loras)
     assert math.isclose(a, b, rel_tol=1e-5)
     torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-7)
@@ -85,7 +91,9 @@ def test_chunked_and_plain_loss_give_the_same_gradients(tiny_model):
 def test_schedules():
     assert lr_at(0, 10, 1.0, "constant", 0) == 1.0
     assert lr_at(0, 10, 1.0, "linear", 4) == 0.25 and lr_at(3, 10, 1.0, "linear", 4) == 1.0
-    assert lr_at(4, 10, 1.0, "linear", 4) == 1.0 and lr_at(9, 10, 1.0, "linear", 4) == pytest.approx(1 / 6)
+    assert lr_at(4, 10, 1.0, "linear", 4) == 1.0 and lr_at(
+        9, 10, 1.0, "linear", 4
+    ) == pytest.approx(1 / 6)
     assert lr_at(5, 10, 1.0, "cosine", 0) == pytest.approx(0.5)
     assert lr_at(10, 10, 1.0, "cosine", 0) == pytest.approx(0.0, abs=1e-12)
 
@@ -102,3 +110,15 @@ def test_epoch_order_is_a_pure_function_of_seed_and_epoch():
     a, b = permutation(50, 42, 3), permutation(50, 42, 3)
     assert (a == b).all() and not (a == permutation(50, 42, 4)).all()
     assert sorted(a.tolist()) == list(range(50))
+
+
+def test_patience_counts_evaluations_without_improvement():
+    from retrograd.algorithms.evaluate import Patience
+
+    p = Patience(patience=2, min_delta=0.1)
+    assert p.update(1.0) and not p.stop
+    assert not p.update(0.95)  # better, but by less than min_delta
+    assert not p.stop
+    assert not p.update(1.2)
+    assert p.stop and p.best == 1.0
+    assert not Patience(None).stop
