@@ -106,9 +106,19 @@ def worker_prefill(args) -> dict:
 
 
 def worker_train(args) -> dict:
-    import torch.nn.functional as F
+    """One SFT optimizer step on a 512-token window: the code path of `retrograd train`."""
+    import torch
 
+    from retrograd.algorithms.step import (
+        LossOptions,
+        backward_group,
+        clip_and_step,
+        groups_of,
+        new_cache,
+    )
+    from retrograd.data.sft import Example
     from retrograd.trainable.lora import attach_lora
+    from retrograd.trainable.plan import trained_parameters
 
     m, ids = _model(args)
     loras = attach_lora(
@@ -118,17 +128,15 @@ def worker_train(args) -> dict:
         alpha=16.0,
         seed=0,
     )
-    params = [p for lo in loras.values() for p in lo.parameters()]
+    params = [p for _, p in trained_parameters(loras)]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    example = Example(tuple(ids[0].tolist()), (0,) + (1,) * (ids.shape[1] - 1), "bench")
+    (group,) = groups_of(example, args.tokens, 1)
 
     def step():
-        h = m.decoder(ids)[0, :-1]
-        loss = 0.0
-        for s in range(0, h.shape[0], 128):  # chunks keep 262k-wide logits small
-            logits = m.decoder.head(h[s : s + 128])
-            loss = loss + F.cross_entropy(logits, ids[0, 1 + s : 129 + s], reduction="sum")
-        (loss / h.shape[0]).backward()
-        for p in params:
-            p.grad = None
+        cache = new_cache(m.decoder, example, torch.bfloat16)
+        backward_group(m.decoder, example, group, cache, LossOptions())
+        clip_and_step(params, optimizer, 1.0, 1e-4)
 
     sec = timed(step, args.repeats)
     return {

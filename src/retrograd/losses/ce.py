@@ -67,48 +67,52 @@ def _tile_logits(h: torch.Tensor, w: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 class _TiledHeadCE(torch.autograd.Function):
-    """sum_i -log softmax(h_i W^T)[t_i], over vocabulary tiles, for a frozen W."""
+    """sum_i -log softmax(h_i W^T)[t_i], over vocabulary tiles, for a frozen W.
+
+    When h needs a gradient, forward also accumulates it: with an online softmax (running
+    max m, running sum s), acc = sum_tiles exp(z - m) @ W is rescaled whenever m grows, and
+    dL/dh = acc / s - W[t] at the end. Each tile's logits are computed once (a fused
+    linear-cross-entropy); backward only scales the stored gradient.
+    """
 
     @staticmethod
     def forward(ctx, h, targets, weight: FrozenTensor, dtype, tiles: int, cap: float):
+        want_grad = ctx.needs_input_grad[0]
         hd = h.detach().to(dtype)
-        n_vocab = weight.shape[0]
+        N, n_vocab = h.shape[0], weight.shape[0]
         width = -(-n_vocab // tiles)
-        m = torch.full((h.shape[0],), float("-inf"), device=h.device)  # running max
-        s = torch.zeros(h.shape[0], device=h.device)  # running sum of exp(z - m)
-        target_logit = torch.zeros(h.shape[0], device=h.device)
+        m = torch.full((N,), float("-inf"), device=h.device)  # running max
+        s = torch.zeros(N, device=h.device)  # running sum of exp(z - m)
+        acc = torch.zeros(N, h.shape[1], device=h.device) if want_grad else None  # (N, n_embd)
+        target_logit = torch.zeros(N, device=h.device)
+        target_grad = torch.zeros(N, h.shape[1], device=h.device) if want_grad else None
         for v0 in range(0, n_vocab, width):
-            z = _tile_logits(hd, weight.row_block(v0, min(v0 + width, n_vocab), dtype), cap)
+            w = weight.row_block(v0, min(v0 + width, n_vocab), dtype)  # (tile, n_embd)
+            z = _tile_logits(hd, w, cap)  # (N, tile) float32
             inside = (targets >= v0) & (targets < v0 + z.shape[1])
             idx = (targets - v0).clamp(0, z.shape[1] - 1)
             target_logit += torch.where(inside, z.gather(1, idx[:, None])[:, 0], 0.0)
+            dcap = 1 - (z / cap) ** 2 if cap else None  # d(cap tanh(x / cap))/dx
             new_m = torch.maximum(m, z.max(-1).values)
+            scale = torch.exp(m - new_m)  # (N,)
             # NOTE: in place: a tile is (tokens x vocab / tiles) floats, the largest tensors here
-            s = s * torch.exp(m - new_m) + z.sub_(new_m[:, None]).exp_().sum(-1)
+            e = z.sub_(new_m[:, None]).exp_()  # (N, tile)
+            s = s * scale + e.sum(-1)
             m = new_m
+            if want_grad:
+                rows = inside.nonzero()[:, 0]
+                if cap:
+                    target_grad[rows] += dcap[rows, idx[rows], None] * w[idx[rows]].float()
+                    e.mul_(dcap)
+                else:
+                    target_grad[rows] += w[idx[rows]].float()
+                acc = acc * scale[:, None] + (e.to(dtype) @ w).float()
         lse = m + torch.log(s)  # (N,)
-        ctx.save_for_backward(h, targets, lse)
-        ctx.weight, ctx.dtype, ctx.width, ctx.cap = weight, dtype, width, cap
+        if want_grad:
+            ctx.save_for_backward(acc / s[:, None] - target_grad)
         return (lse - target_logit).sum()
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, targets, lse = ctx.saved_tensors
-        weight, dtype, width, cap = ctx.weight, ctx.dtype, ctx.width, ctx.cap
-        hd = h.detach().to(dtype)
-        grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        n_vocab = weight.shape[0]
-        for v0 in range(0, n_vocab, width):
-            w = weight.row_block(v0, min(v0 + width, n_vocab), dtype)
-            z = _tile_logits(hd, w, cap)
-            if cap:
-                dcap = 1 - (z / cap) ** 2  # d(cap tanh(x / cap))/dx
-            g = z.sub_(lse[:, None]).exp_()  # softmax, in place (N, tile)
-            inside = (targets >= v0) & (targets < v0 + g.shape[1])
-            rows = inside.nonzero()[:, 0]
-            g[rows, targets[rows] - v0] -= 1.0
-            if cap:
-                g.mul_(dcap)
-            grad_h += (g.to(dtype) @ w).float()
-        grad_h *= grad_out
-        return grad_h.to(h.dtype), None, None, None, None, None
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_out, None, None, None, None, None
