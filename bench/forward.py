@@ -154,8 +154,13 @@ def worker_matmul(args) -> dict:
     for dtype in (torch.bfloat16, torch.float32):
         a = torch.randn(2048, 2048, dtype=dtype)
         b = torch.randn(2048, 2048, dtype=dtype)
-        sec = timed(lambda a=a, b=b: torch.mm(a, b), 5)
-        rates[str(dtype).replace("torch.", "")] = 2 * 2048**3 / sec / 1e12
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(10):  # the machine's rate: the best of several runs
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+        rates[str(dtype).replace("torch.", "")] = 2 * 2048**3 / best / 1e12
     return {"tflops": rates}
 
 
