@@ -15,7 +15,10 @@ from retrograd.errors import RetrogradError
 # name -> (module, one-line help). Modules import torch only inside run().
 COMMANDS = {
     "train": ("retrograd.cli.train", "train as a run file describes (sft)"),
-    "bench": ("retrograd.cli.bench", "measure loss and perplexity of the base model and an adapter"),
+    "bench": (
+        "retrograd.cli.bench",
+        "measure loss and perplexity of the base model and an adapter",
+    ),
     "inspect": (
         "retrograd.cli.inspect",
         "show a GGUF model's architecture, tensors and LoRA targets",

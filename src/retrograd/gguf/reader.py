@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
 from retrograd.errors import GGUFError, UnsupportedError
 
 GGUF_MAGIC = b"GGUF"
