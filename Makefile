@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 venv: $(VENV)/.installed
 
-test: venv
+test: venv lint
 	$(BIN)/python -m pytest -q
 
 # The main job: teach Gemma 3 270M Q4_K_M a behaviour it lacks (examples/demo/), then compare.
