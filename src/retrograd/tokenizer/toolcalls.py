@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,16 +91,18 @@ def _json_at(text: str, pos: int, args_keys, end_limit: int | None = None):
     return _call_from_json(obj, args_keys, pos, end, text[pos:end]), end
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """One family's convention. Subclasses set `name` and implement `parse` and `render`."""
 
     name = ""
 
+    @abstractmethod
     def parse(self, text: str) -> ParsedTurn:
-        raise NotImplementedError
+        """The prose and calls of a generated turn."""
 
+    @abstractmethod
     def render(self, calls: list[ToolCall]) -> str:
-        raise NotImplementedError
+        """Calls written in this family's markup (raw assistant turns)."""
 
 
 def _collect(text: str, spans: list[tuple[int, int]], items: list) -> ParsedTurn:
