@@ -33,3 +33,7 @@ class DataError(RetrogradError):
 
 class DeviceError(RetrogradError):
     """The requested device is not available."""
+
+
+class CheckpointError(RetrogradError):
+    """A checkpoint is missing, incomplete, corrupt, or of another format version."""

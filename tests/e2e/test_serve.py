@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 
 from retrograd.cli.main import main
-from tests.oracles.test_adapter_reading import write_adapter
+from tests.factories.adapters import write_adapter
 
 HELLO = [{"role": "user", "content": "Write one word."}]
 

@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
 
 import retrograd
 from retrograd.errors import GGUFError
-from retrograd.gguf import GGUFFile
+from tests.factories.adapters import write_adapter
 from tests.oracles.llama_oracle import llama_logits
 
 pytestmark = pytest.mark.oracle
 
 IDS = [1, 300, 301, 17, 260, 400, 401, 402, 5, 6, 90, 91, 92]
-
-
-def write_adapter(path, model_path, targets, rank=4, alpha=8.0, seed=0, arch=None):
-    g = GGUFFile(model_path)
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch or g.architecture)
-    w.add_string("general.type", "adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", alpha)
-    for name in targets:
-        n_out, n_in = g.tensor(name).shape
-        w.add_tensor(name + ".lora_a", (rng.standard_normal((rank, n_in)) * 0.1).astype(np.float32))
-        w.add_tensor(
-            name + ".lora_b", (rng.standard_normal((n_out, rank)) * 0.1).astype(np.float16)
-        )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])

@@ -22,16 +22,12 @@ from pathlib import Path
 
 import msgpack
 
-from retrograd.errors import RetrogradError
+from retrograd.errors import CheckpointError
 
 MANIFEST = "manifest.msgpack"
 STATE_SUFFIX = ".state"
 _ID = re.compile(r"^(?:step-(\d{12})|best)$")
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)-\d+$")
-
-
-class CheckpointError(RetrogradError):
-    """A checkpoint is missing, incomplete, corrupt, or of another format version."""
 
 
 def step_id(global_step: int) -> str:
