@@ -40,6 +40,8 @@ import subprocess
 import tempfile
 import time
 
+from bench.forward import worker_matmul  # noqa: E402  the machine's bf16 rate, one way
+
 CTX = 512
 RANK, ALPHA, LR = 8, 16.0, 1e-4
 OURS_TARGETS = ["q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down"]
@@ -115,23 +117,6 @@ def write_corpus(workdir: Path, windows: int) -> list[list[int]]:
 
 
 # -- workers ---------------------------------------------------------------------------------
-
-
-def worker_matmul(args) -> dict:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    rates = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-        torch.mm(a, b)
-        best = float("inf")
-        for _ in range(10):
-            t = time.perf_counter()
-            torch.mm(a, b)
-            best = min(best, time.perf_counter() - t)
-        rates[str(dtype).replace("torch.", "")] = 2 * 2048**3 / best / 1e12
-    return {"tflops": rates}
 
 
 def worker_tokenizer(args) -> dict:

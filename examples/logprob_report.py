@@ -5,7 +5,7 @@
 Uses only the public Python API (docs/python.md): retrograd.load, tokenize, detokenize,
 logits. For each text it prints every token with its log-probability, its rank among the
 vocabulary and the model's own top guesses, then the text's perplexity; finally a short
-greedy continuation computed with the KV cache.
+greedy continuation from the sampler.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 import retrograd
-from retrograd.model.kv_cache import KVCache
+from retrograd.sampling import Sampler, SampleRequest, SamplingParams
 
 TEXTS = [
     "The capital of France is Paris, and the capital of Italy is Rome.",
@@ -48,19 +48,14 @@ def report(model, text: str, con: Console) -> float:
     return ppl
 
 
-@torch.no_grad()
 def continue_greedy(model, prompt: str, n: int) -> str:
-    ids = torch.tensor([model.tokenize(prompt, add_bos=True)], device=model.device)
-    cache = KVCache.empty(model.config, 1, ids.shape[1] + n, model.dtype, model.device)
-    h = model.decoder(ids, cache=cache)
-    out = []
-    for _ in range(n):
-        nxt = int(model.decoder.head(h[:, -1])[0].argmax())
-        out.append(nxt)
-        h = model.decoder(
-            torch.tensor([[nxt]], device=model.device), start=cache.length, cache=cache
-        )
-    return model.detokenize(out)
+    sampler = Sampler(model.decoder, model.tokenizer)
+    ids = tuple(model.tokenize(prompt, add_bos=True))
+    request = SampleRequest(
+        ids, SamplingParams(temperature=0.0, max_new_tokens=n, stop_ids=frozenset())
+    )
+    [[done]] = sampler.generate([request])
+    return done.text
 
 
 def main() -> None:

@@ -3,21 +3,20 @@
   .venv/bin/python examples/demo/continuations.py --model MODEL.gguf --adapter out/demo/pirate.gguf
 
 Renders each question with the model's chat template (Gemma's family format here), then decodes
-greedily with the KV cache, once with the adapter switched off and once with it on: the same
-loaded model, the same code path as `retrograd bench`.
+greedily with the sampler `retrograd chat` and `serve` use, once with the adapter switched off
+and once with it on: the same loaded model.
 """
 
 from __future__ import annotations
 
 import argparse
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 import retrograd
 from retrograd.algorithms.context import chat_format
-from retrograd.model.kv_cache import KVCache
+from retrograd.sampling import Sampler, SampleRequest, SamplingParams
 from retrograd.trainable.lora import apply_adapter_file
 
 QUESTIONS = [
@@ -28,21 +27,11 @@ QUESTIONS = [
 ]
 
 
-@torch.no_grad()
-def answer(model, prompt_ids: list[int], max_new: int = 40) -> str:
-    ids = torch.tensor([prompt_ids], device=model.device)
-    cache = KVCache.empty(model.config, 1, len(prompt_ids) + max_new, model.dtype, model.device)
-    h = model.decoder(ids, cache=cache)
-    out: list[int] = []
-    for _ in range(max_new):
-        nxt = int(model.decoder.head(h[:, -1])[0].argmax())
-        if model.tokenizer.is_eog(nxt):
-            break
-        out.append(nxt)
-        h = model.decoder(
-            torch.tensor([[nxt]], device=model.device), start=cache.length, cache=cache
-        )
-    return model.detokenize(out).strip()
+def answer(sampler: Sampler, prompt_ids: list[int], max_new: int = 40) -> str:
+    """Greedy answer, ending at the model's end-of-turn token."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    [[done]] = sampler.generate([SampleRequest(tuple(prompt_ids), params)])
+    return done.text.strip()
 
 
 def main() -> None:
@@ -55,6 +44,7 @@ def main() -> None:
     args = p.parse_args()
     model = retrograd.load(args.model, device=args.device)
     fmt = chat_format(model)
+    sampler = Sampler(model.decoder, model.tokenizer)
     adapters = apply_adapter_file(model.decoder, args.adapter)
     table = Table(
         title="greedy answers to held-out questions", title_justify="left", show_lines=True
@@ -67,7 +57,7 @@ def main() -> None:
         for enabled in (False, True):
             for lo in adapters.values():
                 lo.enabled = enabled
-            row.append(answer(model, prompt))
+            row.append(answer(sampler, prompt))
         table.add_row(*row)
     Console().print(table)
 

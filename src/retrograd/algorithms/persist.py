@@ -38,6 +38,7 @@ from retrograd.errors import ConfigError
 from retrograd.gguf.lora_export import write_lora_adapter
 from retrograd.observe import Metrics, RunInfo, names
 from retrograd.optim import lr_at
+from retrograd.trainable.plan import trained_parameters
 
 if TYPE_CHECKING:
     from retrograd.algorithms.sft import Position
@@ -173,14 +174,13 @@ class Sinks:
             self.metrics.fail(message)
 
 
-def adapter_arrays(adapters) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    return {
-        f"{base}.weight": (
-            lo.lora_a.detach().float().cpu().numpy(),
-            lo.lora_b.detach().float().cpu().numpy(),
-        )
-        for base, lo in adapters.items()
-    }
+def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs."""
+    halves: dict[str, dict[str, np.ndarray]] = {}
+    for name, param in named:
+        base, half = name.rsplit(".", 1)  # blk.0.attn_q.weight, lora_a
+        halves.setdefault(base, {})[half] = param.detach().float().cpu().numpy()
+    return {base: (h["lora_a"], h["lora_b"]) for base, h in halves.items()}
 
 
 def export_output(cfg, model, plan, adapters) -> Path:
@@ -190,7 +190,7 @@ def export_output(cfg, model, plan, adapters) -> Path:
     return write_lora_adapter(
         out,
         architecture=model.config.name,
-        tensors=adapter_arrays(adapters),
+        tensors=adapter_arrays(trained_parameters(adapters)),
         alpha=plan.alpha,
         dtype=plan.dtype,
         name=f"{model.gguf.get('general.name', 'model')} LoRA ({__version__})",
@@ -261,12 +261,7 @@ def _state(
 ) -> CheckpointState:
     t = cfg.training
     lr = lr_at(max(0, pos.global_step - 1), total, t.lr, t.lr_scheduler, t.warmup_steps)
-    tensors = {}
-    params = dict(named)
-    for p in plan.trained:
-        a = params[p.name + ".lora_a"].detach().float().cpu().numpy()
-        b = params[p.name + ".lora_b"].detach().float().cpu().numpy()
-        tensors[p.name] = (a, b)
+    tensors = adapter_arrays(named)
     best = patience.best if patience.best != float("inf") else None
     return CheckpointState(
         architecture=run.architecture,

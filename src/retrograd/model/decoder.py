@@ -124,9 +124,7 @@ def _repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _softcap_attention(q, k, v, mask, cap: float) -> torch.Tensor:
     """Attention with tanh soft-capped scores (gemma2); SDPA has no hook for it."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     scores = q.float() @ k.float().transpose(-1, -2)  # (B, H, T, S)
     scores = torch.tanh(scores / cap) * cap
     T, S = scores.shape[-2:]

@@ -62,7 +62,8 @@ class LoadReport:
         )
 
 
-def _raw(info: TensorInfo, device: torch.device) -> torch.Tensor:
+def tensor_bytes(info: TensorInfo, device: torch.device) -> torch.Tensor:
+    """The tensor's stored bytes as a uint8 tensor: the memory map itself on the CPU."""
     with warnings.catch_warnings():  # the memory map is read-only; we never write to it
         warnings.simplefilter("ignore", UserWarning)
         raw = torch.from_numpy(info.data)
@@ -70,7 +71,9 @@ def _raw(info: TensorInfo, device: torch.device) -> torch.Tensor:
 
 
 def _float(info: TensorInfo, device: torch.device) -> torch.Tensor:
-    return dequantize(_raw(info, torch.device("cpu")), info.ggml_type, info.shape).to(device)
+    return dequantize(tensor_bytes(info, torch.device("cpu")), info.ggml_type, info.shape).to(
+        device
+    )
 
 
 def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> tuple[bool, str]:
@@ -97,7 +100,7 @@ def build_decoder(
     cache = DenseCache(cache_on)
 
     def frozen(name: str) -> FrozenTensor:
-        return FrozenTensor(g.tensor(name), _raw(g.tensor(name), device), cache)
+        return FrozenTensor(g.tensor(name), tensor_bytes(g.tensor(name), device), cache)
 
     def opt(name: str):
         return g.tensors.get(name)

@@ -21,6 +21,7 @@ from retrograd.model.arch import TARGET_ALIASES
 from retrograd.model.decoder import Decoder
 from retrograd.model.dequant import dequantize
 from retrograd.model.layers import Linear
+from retrograd.model.loader import tensor_bytes
 
 
 class LoRA(nn.Module):
@@ -161,9 +162,4 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
 
 
 def _dense(info) -> torch.Tensor:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(info.data)
-    return dequantize(raw, info.ggml_type, info.shape)
+    return dequantize(tensor_bytes(info, torch.device("cpu")), info.ggml_type, info.shape)
