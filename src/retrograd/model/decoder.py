@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from retrograd.model.attention import attention, repeat_kv
 from retrograd.model.config import ModelConfig
 from retrograd.model.frozen import FrozenTensor, frozen_linear
 from retrograd.model.kv_cache import KVCache
@@ -84,10 +84,7 @@ class Block(nn.Module):
         if cfg.attn_softcap:
             o = _softcap_attention(q, k, v, mask, cfg.attn_softcap)
         else:
-            k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])  # (B, H, S, D)
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None and q.shape[2] > 1, scale=1.0
-            )
+            o = attention(q, k, v, mask, scale=1.0)  # (B, H, T, D)
         B, H, T, D = o.shape
         o = self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
         if self.post_attention_norm is not None:
@@ -110,21 +107,9 @@ class Block(nn.Module):
         return x + self.ffn(x, ctx)
 
 
-def _repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
-    """(B, H_kv, S, D) -> (B, H, S, D): query head h reads key/value head h // (H / H_kv).
-
-    NOTE: SDPA's own enable_gqa path runs its bf16 backward about 3x slower on CPU than on
-    expanded heads (a view when H_kv = 1).
-    """
-    B, H_kv, S, D = t.shape
-    if H_kv == n_head:
-        return t
-    return t[:, :, None].expand(B, H_kv, n_head // H_kv, S, D).reshape(B, n_head, S, D)
-
-
 def _softcap_attention(q, k, v, mask, cap: float) -> torch.Tensor:
     """Attention with tanh soft-capped scores (gemma2); SDPA has no hook for it."""
-    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     scores = q.float() @ k.float().transpose(-1, -2)  # (B, H, T, S)
     scores = torch.tanh(scores / cap) * cap
     T, S = scores.shape[-2:]

@@ -58,3 +58,22 @@ def test_bf16_tiles_stay_close(tiny_model):
     plain = F.cross_entropy(m.decoder.head(h), t, reduction="sum")
     tiled = token_nll_sum(m.decoder, h, t, tiles=4)
     assert abs(float(tiled) - float(plain)) < 1e-3 * abs(float(plain))
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_tiles_wider_than_tile_rows_are_walked_in_parts(tiny_model, monkeypatch, compiled):
+    """A tile wider than TILE_ROWS is walked in parts, fused (compiled) or eagerly: same sums."""
+    import retrograd.losses.ce as ce
+
+    monkeypatch.setenv("RETRO_COMPILE", compiled)
+    m = retrograd.load(tiny_model("gemma2"), device="cpu", dtype=torch.float32)  # soft-capped
+    torch.manual_seed(1)
+    h = torch.randn(11, m.config.n_embd, requires_grad=True)
+    t = torch.randint(0, m.config.n_vocab, (11,))
+    plain = F.cross_entropy(m.decoder.head(h), t, reduction="sum")
+    (g_plain,) = torch.autograd.grad(plain, h)
+    monkeypatch.setattr(ce, "TILE_ROWS", 37)  # not a divisor of the vocabulary
+    tiled = token_nll_sum(m.decoder, h, t, chunked=True, tiles=2)
+    (g_tiled,) = torch.autograd.grad(tiled, h)
+    torch.testing.assert_close(tiled, plain, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g_tiled, g_plain, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,67 @@
+"""Training attention (fused forward, matmul backward) against PyTorch's SDPA in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import retrograd.model.attention as attn
+
+
+def _reference(q, k, v, mask):
+    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
+    H = q.shape[1]
+    o = F.scaled_dot_product_attention(
+        qd, attn.repeat_kv(kd, H), attn.repeat_kv(vd, H), attn_mask=mask, scale=0.2
+    )
+    return o, (qd, kd, vd)
+
+
+def _causal(T, S):
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+
+
+@pytest.mark.parametrize(
+    "B, H, H_kv, T, S, mask_kind, chunk",
+    [
+        (1, 4, 1, 40, 40, "causal", 1024),  # Gemma's grouping: 4 query heads per key head
+        (2, 4, 2, 24, 40, "cache", 1024),  # a pass after cached keys: S > T
+        (2, 2, 2, 24, 24, "padding", 1024),  # left padding, (B, 1, T, S) mask
+        (2, 4, 2, 24, 40, "cache", 7),  # several query chunks
+    ],
+)
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_attention_matches_sdpa(monkeypatch, B, H, H_kv, T, S, mask_kind, chunk, compiled):
+    monkeypatch.setenv("RETRO_COMPILE", compiled)
+    monkeypatch.setattr(attn, "QUERY_CHUNK", chunk)
+    g = torch.Generator().manual_seed(T + S)
+    q = torch.randn(B, H, T, 16, generator=g).bfloat16().requires_grad_()
+    k = torch.randn(B, H_kv, S, 16, generator=g).bfloat16().requires_grad_()
+    v = torch.randn(B, H_kv, S, 16, generator=g).bfloat16().requires_grad_()
+    grad = torch.randn(B, H, T, 16, generator=g).bfloat16()
+    mask = None if mask_kind == "causal" else _causal(T, S)
+    if mask_kind == "padding":
+        mask = mask[None, None].repeat(B, 1, 1, 1)
+        mask[1, :, :, :5] = False  # the second row's first 5 keys are padding
+        mask[1, 0, torch.arange(5), torch.arange(5)] = True  # padding queries see themselves
+    out = attn.attention(q, k, v, mask, scale=0.2)
+    out.backward(grad)
+    ref, leaves = _reference(q, k, v, mask if mask is not None else _causal(T, S))
+    ref.backward(grad.double())
+    # bf16 inputs and products: about 2^-8 relative, as SDPA's own bf16 kernels
+    torch.testing.assert_close(out.double(), ref, rtol=0.02, atol=0.02)
+    for mine, leaf in zip((q, k, v), leaves, strict=True):
+        scale = leaf.grad.abs().max()
+        assert (mine.grad.double() - leaf.grad).abs().max() < 0.02 * scale
+
+
+def test_float32_and_inference_keep_sdpa():
+    """Outside bf16 training the plain SDPA call runs: bit for bit PyTorch's result."""
+    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    assert torch.equal(attn.attention(q, k, v, None, 0.5), want)
+    with torch.no_grad():
+        qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+        want = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=0.5)
+        assert torch.equal(attn.attention(qb, kb, vb, None, 0.5), want)
