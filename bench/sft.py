@@ -88,6 +88,7 @@ def summary(ends: list[float], warmup: int) -> dict:
         "tok_s": CTX / med,
         "maxrss_mib": maxrss_mib(),
         "train_peak_mib": hwm_mib(),
+        "times": [round(t, 3) for t in times],
     }
 
 

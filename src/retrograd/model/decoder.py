@@ -14,14 +14,16 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from retrograd.compiled import fused
 from retrograd.model.attention import attention, repeat_kv
 from retrograd.model.config import ModelConfig
 from retrograd.model.frozen import FrozenTensor, frozen_linear
 from retrograd.model.kv_cache import KVCache
-from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm
+from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
 from retrograd.model.rope import apply_rope, rope_angles
 
 
@@ -63,19 +65,18 @@ class Block(nn.Module):
         q = q.view(B, T, cfg.n_head, cfg.head_dim)  # (B, T, H, D)
         k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
         v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
-        if self.attn_q_norm is not None:
-            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
         return q, k, v
 
     def attention(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The attention sub-layer's output before its post-norm, in the compute dtype."""
         cfg, dtype = self.cfg, ctx.dtype
-        h = self.attn_norm(x).to(dtype)
-        q, k, v = self.qkv(h)
+        q, k, v = self.qkv(_norm(self.attn_norm, x, dtype))
         cos, sin = ctx.rope_swa if self.swa else ctx.rope
-        q = apply_rope(q, cos, sin, cfg.arch.rope) * cfg.attn_scale
-        k = apply_rope(k, cos, sin, cfg.arch.rope)
-        q = q.to(dtype).transpose(1, 2)  # (B, H, T, D)
-        k = k.to(dtype).transpose(1, 2)  # (B, H_kv, T, D)
+        prep = _prep_fused if ctx.fuse else _prep
+        qn, kn = self.attn_q_norm, self.attn_k_norm
+        q = prep(q, *_weight_eps(qn), cos, sin, cfg.arch.rope, cfg.attn_scale, dtype)
+        k = prep(k, *_weight_eps(kn), cos, sin, cfg.arch.rope, 1.0, dtype)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, H_kv, T, D)
         v = v.to(dtype).transpose(1, 2)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.il, k, v, ctx.start)  # (B, H_kv, S, D)
@@ -86,25 +87,70 @@ class Block(nn.Module):
         else:
             o = attention(q, k, v, mask, scale=1.0)  # (B, H, T, D)
         B, H, T, D = o.shape
-        o = self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
-        if self.post_attention_norm is not None:
-            return self.post_attention_norm(o)
-        return o.float()
+        return self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
 
     def ffn(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        h = self.ffn_norm(x).to(ctx.dtype)
+        """The feed-forward sub-layer's output before its post-norm, in the compute dtype."""
+        h = _norm(self.ffn_norm, x, ctx.dtype)
         if self.ffn_gate is None:  # fused gate and up (phi3)
             gate, up = self.ffn_up(h).chunk(2, dim=-1)
         else:
             gate, up = self.ffn_gate(h), self.ffn_up(h)
-        y = self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
-        if self.post_ffw_norm is not None:
-            return self.post_ffw_norm(y)
-        return y.float()
+        if ctx.fuse:
+            return self.ffn_down(_act_mul(gate, up, self.cfg.arch.ffn_act))
+        return self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
+
+    def residual(self, x: torch.Tensor, y: torch.Tensor, norm: RMSNorm | None, fuse: bool):
+        """x + post_norm(y) in float32 (x + y without a post-norm)."""
+        if norm is None:
+            return x + y.float()
+        if fuse:
+            return _add_norm(x, y, norm.weight, norm.eps)
+        return x + norm(y)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = x + self.attention(x, ctx)
-        return x + self.ffn(x, ctx)
+        x = self.residual(x, self.attention(x, ctx), self.post_attention_norm, ctx.fuse)
+        return self.residual(x, self.ffn(x, ctx), self.post_ffw_norm, ctx.fuse)
+
+
+def _weight_eps(norm: RMSNorm | None) -> tuple[torch.Tensor | None, float]:
+    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+
+
+def _norm(norm: RMSNorm, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """norm(x) in `dtype`: fused into one pass outside float32."""
+    if dtype == torch.float32:
+        return norm(x)
+    return _norm_cast(x, norm.weight, norm.eps, dtype)
+
+
+def _prep(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype):
+    """Queries or keys (B, T, H, D): per-head norm (qk-norm), rope, scale -> `dtype`."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
+    x = apply_rope(x, cos, sin, style)
+    return (x * scale if scale != 1.0 else x).to(dtype)
+
+
+_prep_fused = fused(_prep)
+
+
+@fused
+def _norm_cast(x, weight, eps: float, dtype):
+    return rms_norm(x, weight, eps).to(dtype)
+
+
+@fused
+def _add_norm(x, y, weight, eps: float):
+    return x + rms_norm(y, weight, eps)
+
+
+@fused
+def _act_mul(gate, up, act: str):
+    """act(gate) * up in the compute dtype, computed in float32."""
+    g = gate.float()
+    g = F.gelu(g, approximate="tanh") if act == "gelu_tanh" else F.silu(g)
+    return (g * up.float()).to(gate.dtype)
 
 
 def _softcap_attention(q, k, v, mask, cap: float) -> torch.Tensor:
@@ -136,6 +182,8 @@ class ForwardContext:
         positions: torch.Tensor | None = None,
     ):
         self.dtype, self.cache, self.start, self.f16_gelu = dtype, cache, start, f16_gelu
+        # NOTE: float32 is the exactness path: plain eager operations, as the oracle tests saw
+        self.fuse = dtype != torch.float32
         if positions is None:  # shared by the batch: cache slot = position
             positions = torch.arange(start, start + T, device=device)  # (T,)
         self.rope = _angles(positions, cfg, cfg.rope_base, freq_factors)
