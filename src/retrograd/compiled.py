@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable)
@@ -28,25 +29,47 @@ def compile_enabled() -> bool:
     return os.environ.get("RETRO_COMPILE", "1") not in ("0", "", "false")
 
 
-def fused(fn: F) -> F:
-    """`fn` compiled on first use, or `fn` itself when compiling is off or fails."""
+RECOMPILE_LIMIT = 32  # shapes one fused function may compile for (PyTorch's default: 8)
+
+
+def fused(fn: F | None = None, *, dynamic: dict[int, tuple[int, ...]] | None = None):
+    """`fn` compiled on first use, or `fn` itself when compiling is off or fails.
+
+    dynamic: positional argument -> its dimensions that vary between calls (the rows, a key
+    count); every other dimension is compiled as a constant. NOTE:
+    a reduction over a dimension compiled as a variable may be tiled after the size PyTorch
+    saw first, so its rounding could depend on what the process ran before; reductions over
+    constant dimensions give the same numbers in every process (losses reproduce, resume is
+    exact).
+    """
+    if fn is None:
+        return functools.partial(fused, dynamic=dynamic)
     state: dict[str, Callable | None] = {}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if not compile_enabled():
+        # NOTE: under a dispatch mode (preflight's device audit) compiling fails; run eagerly
+        # for that call only, not from then on.
+        if not compile_enabled() or _get_current_dispatch_mode() is not None:
             return fn(*args, **kwargs)
         compiled = state.get("fn", ...)
         if compiled is ...:
-            compiled = state["fn"] = torch.compile(fn, dynamic=None)
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+            compiled = state["fn"] = torch.compile(fn)
         if compiled is None:
             return fn(*args, **kwargs)
+        for i, dims in (dynamic or {}).items():
+            if isinstance(args[i], torch.Tensor):
+                for d in dims:
+                    torch._dynamo.maybe_mark_dynamic(args[i], d)
         try:
-            return compiled(*args, **kwargs)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                return compiled(*args, **kwargs)
         except Exception as exc:  # no compiler, an unsupported device: eager from now on
             state["fn"] = None
             log.warning("torch.compile unavailable for %s (%s); running eagerly", fn.__name__, exc)
             return fn(*args, **kwargs)
 
     call.eager = fn  # type: ignore[attr-defined]
-    return call  # type: ignore[return-value]
+    return call

@@ -5,9 +5,6 @@ Functions, not a class hierarchy: each loop calls the ones it needs in the order
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 import torch
 
 from retrograd.model.model import Model
@@ -18,25 +15,10 @@ KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
 CKPT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def configure_allocator() -> None:
-    """Keep freed large blocks in the process (glibc): dequantizing on every use otherwise
-    returns and re-faults the same pages each step. No-op where mallopt is unavailable."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def load_model(cfg) -> Model:
     """The run's base model on its device, with [training].threads applied."""
     import retrograd
 
-    configure_allocator()
     return retrograd.load(cfg.model.path, device=cfg.model.device, threads=cfg.training.threads)
 
 

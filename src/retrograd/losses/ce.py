@@ -65,7 +65,7 @@ def _frozen_head(decoder: Decoder) -> FrozenTensor | None:
 TILE_ROWS = 4096  # the widest tile walked at once: its logits stay in cache (measured best)
 
 
-@fused
+@fused(dynamic={0: (0,), 1: (0,), 2: (0,)})  # rows vary; a tile's width is a constant
 def _tile_softmax(z16: torch.Tensor, m: torch.Tensor, s: torch.Tensor, cap: float, grad: bool):
     """One tile of the online softmax, fused: z16 (N, tile) logits in the compute dtype.
 

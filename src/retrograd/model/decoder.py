@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from retrograd.compiled import fused
 from retrograd.model.attention import attention, repeat_kv
 from retrograd.model.config import ModelConfig
-from retrograd.model.frozen import FrozenTensor, frozen_linear
+from retrograd.model.frozen import FrozenTensor, frozen_linear, frozen_linear_group
 from retrograd.model.kv_cache import KVCache
 from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
 from retrograd.model.rope import apply_rope, rope_angles
@@ -61,7 +61,7 @@ class Block(nn.Module):
             q_len, kv_len = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
             q, k, v = self.attn_qkv(h).split([q_len, kv_len, cfg.n_head_kv * cfg.head_dim_v], -1)
         else:
-            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+            q, k, v = _group(h, self.attn_q, self.attn_k, self.attn_v)
         q = q.view(B, T, cfg.n_head, cfg.head_dim)  # (B, T, H, D)
         k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
         v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
@@ -95,7 +95,7 @@ class Block(nn.Module):
         if self.ffn_gate is None:  # fused gate and up (phi3)
             gate, up = self.ffn_up(h).chunk(2, dim=-1)
         else:
-            gate, up = self.ffn_gate(h), self.ffn_up(h)
+            gate, up = _group(h, self.ffn_gate, self.ffn_up)
         if ctx.fuse:
             return self.ffn_down(_act_mul(gate, up, self.cfg.arch.ffn_act))
         return self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
@@ -105,12 +105,20 @@ class Block(nn.Module):
         if norm is None:
             return x + y.float()
         if fuse:
-            return _add_norm(x, y, norm.weight, norm.eps)
+            return _add_norm(_rows(x), _rows(y), norm.weight, norm.eps).view(x.shape)
         return x + norm(y)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.residual(x, self.attention(x, ctx), self.post_attention_norm, ctx.fuse)
         return self.residual(x, self.ffn(x, ctx), self.post_ffw_norm, ctx.fuse)
+
+
+def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
+    """The linears' outputs for one input: one packed product when packed weights apply."""
+    ys = frozen_linear_group(x, [lin.frozen for lin in linears])
+    if ys is None:
+        return [lin(x) for lin in linears]
+    return [lin.finish(x, y) for lin, y in zip(linears, ys, strict=True)]
 
 
 def _weight_eps(norm: RMSNorm | None) -> tuple[torch.Tensor | None, float]:
@@ -121,33 +129,54 @@ def _norm(norm: RMSNorm, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """norm(x) in `dtype`: fused into one pass outside float32."""
     if dtype == torch.float32:
         return norm(x)
-    return _norm_cast(x, norm.weight, norm.eps, dtype)
+    return _norm_cast(_rows(x), norm.weight, norm.eps, dtype).view(x.shape)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., C) -> (N, C). NOTE: the fused kernels see 2-D inputs whatever the batch and
+    sequence sizes, so each compiles for few shapes (PyTorch specializes sizes 0 and 1)."""
+    return x.reshape(-1, x.shape[-1])
 
 
 def _prep(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype):
     """Queries or keys (B, T, H, D): per-head norm (qk-norm), rope, scale -> `dtype`."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps)
-    x = apply_rope(x, cos, sin, style)
-    return (x * scale if scale != 1.0 else x).to(dtype)
+    return (apply_rope(x, cos, sin, style) * scale).to(dtype)
 
 
-_prep_fused = fused(_prep)
+_prep_one = fused(_prep, dynamic={0: (1,), 3: (0,), 4: (0,)})  # the rows
 
 
-@fused
+def _prep_fused(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype):
+    """_prep fused, on the B * T rows as one sequence (rope angles per row)."""
+    B, T, H, D = x.shape
+    if cos.dim() == 2:  # shared positions (T, n_rot/2)
+        cos, sin = cos.expand(B, T, -1), sin.expand(B, T, -1)
+    flat = lambda a: a.reshape(B * T, a.shape[-1])  # noqa: E731
+    y = _prep_one(
+        x.reshape(1, B * T, H, D), norm_weight, eps, flat(cos), flat(sin), style, scale, dtype
+    )
+    return y.view(B, T, H, D)
+
+
+@fused(dynamic={0: (0,)})
 def _norm_cast(x, weight, eps: float, dtype):
     return rms_norm(x, weight, eps).to(dtype)
 
 
-@fused
+@fused(dynamic={0: (0,), 1: (0,)})
 def _add_norm(x, y, weight, eps: float):
     return x + rms_norm(y, weight, eps)
 
 
-@fused
-def _act_mul(gate, up, act: str):
-    """act(gate) * up in the compute dtype, computed in float32."""
+def _act_mul(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up in the compute dtype, computed in float32 in one fused pass."""
+    return _act_mul_rows(_rows(gate), _rows(up), act).view(gate.shape)
+
+
+@fused(dynamic={0: (0,), 1: (0,)})
+def _act_mul_rows(gate, up, act: str):
     g = gate.float()
     g = F.gelu(g, approximate="tanh") if act == "gelu_tanh" else F.silu(g)
     return (g * up.float()).to(gate.dtype)

@@ -6,6 +6,8 @@ Knows torch's device queries and the RETRO_THREADS variable; nothing about model
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
 import os
 import re
@@ -115,6 +117,22 @@ def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.d
     if name not in table:
         raise ConfigError(f"dtype {name!r}: must be float32, bfloat16 or float16")
     return table[name]
+
+
+def configure_allocator() -> None:
+    """Keep freed large blocks in the process (glibc): a training step or a decode step
+    allocates the same large temporaries every time (262k-wide logits, dequantized tiles), and
+    glibc otherwise returns them to the system and takes the page faults again. No-op where
+    mallopt is unavailable."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def configure_threads(threads: int | None = None) -> int:

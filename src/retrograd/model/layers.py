@@ -51,7 +51,10 @@ class Linear(nn.Module):
         return self.frozen.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = frozen_linear(x, self.frozen)
+        return self.finish(x, frozen_linear(x, self.frozen))
+
+    def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The frozen product y = x W^T plus bias and adapter."""
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         if self.lora is not None and self.lora.enabled:

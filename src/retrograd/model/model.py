@@ -13,7 +13,12 @@ import torch
 from retrograd.gguf import GGUFFile
 from retrograd.model.config import ModelConfig
 from retrograd.model.decoder import Decoder
-from retrograd.model.device import configure_threads, parse_dtype, resolve_device
+from retrograd.model.device import (
+    configure_allocator,
+    configure_threads,
+    parse_dtype,
+    resolve_device,
+)
 from retrograd.model.loader import LoadReport, build_decoder
 
 
@@ -92,6 +97,7 @@ def load(
     cache: auto, on or off for the dequantized-weight cache.
     """
     configure_threads(threads)
+    configure_allocator()
     dev = resolve_device(device)
     g = GGUFFile(path)
     decoder, report = build_decoder(g, dev, parse_dtype(dtype, dev), cache)

@@ -18,13 +18,14 @@ nothing about chat templates or HTTP.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from retrograd.model.attention import fast_decode
+from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
 from retrograd.sampling.params import (
     FINISH_LENGTH,
@@ -100,7 +101,7 @@ class Sampler:
 
     def _attention(self):
         if self.fast:
-            return contextlib.nullcontext()  # SDPA picks its fused kernel
+            return fast_decode()  # fused one-token attention (and SDPA's fused kernels)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([SDPBackend.MATH])
@@ -125,7 +126,7 @@ class Sampler:
         )
         width = max(len(p) for p in prompts)
         capacity = width + max(r.max_new for r in rows)
-        with self._attention():
+        with self._attention(), packed_weights():
             cache, logits, key_mask = self._prefill(prompts, capacity)
             cache = _select(cache, which)  # fan out: one row per answer
             logits, key_mask = logits[which], key_mask[which]  # (B, V), (B, capacity)

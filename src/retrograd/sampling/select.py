@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from retrograd.compiled import fused
+
 FAST_TOP_K = 256  # candidates tried first by fast top-p
 
 
@@ -113,9 +115,15 @@ def token_logprobs_device(
 ) -> torch.Tensor:
     """log p(token) under softmax(logits / T), T = 1 for greedy rows; (B,) float32."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    scaled = logits / t[:, None]  # (B, V)
-    picked = scaled.gather(-1, tokens[:, None])[:, 0]
-    return picked - torch.logsumexp(scaled, -1)
+    picked = logits.gather(-1, tokens[:, None])[:, 0] / t
+    return picked - _tempered_logsumexp(logits, t)
+
+
+@fused(dynamic={0: (0,), 1: (0,)})
+def _tempered_logsumexp(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """logsumexp(logits / t) per row, fused: one read of the (B, V) logits per pass instead of
+    a scaled copy and four passes (5 ms a step for 8 rows of a 262k vocabulary)."""
+    return torch.logsumexp(logits / t[:, None], -1)
 
 
 def token_logprobs_host(logits: torch.Tensor, temperature, tokens) -> torch.Tensor:

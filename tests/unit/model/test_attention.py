@@ -9,11 +9,11 @@ import torch.nn.functional as F
 import retrograd.model.attention as attn
 
 
-def _reference(q, k, v, mask):
+def _reference(q, k, v, mask, scale=0.2):
     qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
     H = q.shape[1]
     o = F.scaled_dot_product_attention(
-        qd, attn.repeat_kv(kd, H), attn.repeat_kv(vd, H), attn_mask=mask, scale=0.2
+        qd, attn.repeat_kv(kd, H), attn.repeat_kv(vd, H), attn_mask=mask, scale=scale
     )
     return o, (qd, kd, vd)
 
@@ -56,12 +56,42 @@ def test_attention_matches_sdpa(monkeypatch, B, H, H_kv, T, S, mask_kind, chunk,
         assert (mine.grad.double() - leaf.grad).abs().max() < 0.02 * scale
 
 
-def test_float32_and_inference_keep_sdpa():
-    """Outside bf16 training the plain SDPA call runs: bit for bit PyTorch's result."""
+def test_float32_keeps_sdpa():
+    """float32 (the exactness path) is PyTorch's SDPA, bit for bit."""
     q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     assert torch.equal(attn.attention(q, k, v, None, 0.5), want)
+
+
+def test_inference_is_the_training_forward():
+    """Without gradients the same chunked forward runs: evaluation sees training's numbers."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 9, 16, generator=g).bfloat16()
+    k, v = (torch.randn(2, 2, 9, 16, generator=g).bfloat16() for _ in range(2))
     with torch.no_grad():
-        qb, kb, vb = (x.bfloat16() for x in (q, k, v))
-        want = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=0.5)
-        assert torch.equal(attn.attention(qb, kb, vb, None, 0.5), want)
+        plain = attn.attention(q, k, v, None, 0.3)
+    trained = attn.attention(q.requires_grad_(), k, v, None, 0.3)
+    assert torch.equal(plain, trained.detach())
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_fast_decode_step_matches_the_matmul_path(padded):
+    """One query against the cache: the fused float32 kernel (fast sampling) stays within bf16
+    rounding of the matmul path, for shared and per-sequence (padding) masks."""
+    g = torch.Generator().manual_seed(4)
+    B, S = 3, 11
+    q = torch.randn(B, 4, 1, 32, generator=g).bfloat16()
+    cache_k, cache_v = (torch.randn(B, 2, 16, 32, generator=g).bfloat16() for _ in range(2))
+    k, v = cache_k[:, :, :S], cache_v[:, :, :S]  # strided rows of a larger cache, as decoding
+    mask = _causal(1, S)
+    if padded:
+        mask = mask[None, None].repeat(B, 1, 1, 1)
+        mask[0, :, :, :4] = False
+    with torch.no_grad():
+        plain = attn.attention(q, k, v, mask, 0.25)
+        with attn.fast_decode():
+            fast = attn.attention(q, k, v, mask, 0.25)
+    ref, _ = _reference(q, k, v, mask, 0.25)
+    assert not torch.equal(plain, fast)  # the fused kernel ran
+    torch.testing.assert_close(fast.double(), ref.detach(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(fast.float(), plain.float(), rtol=0.03, atol=0.03)
