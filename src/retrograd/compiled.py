@@ -32,6 +32,20 @@ def compile_enabled() -> bool:
 RECOMPILE_LIMIT = 32  # shapes one fused function may compile for (PyTorch's default: 8)
 
 
+def _configure_dynamo() -> None:
+    """Process-wide, once: more shapes per function, and no automatic dynamic shapes.
+
+    NOTE: with automatic dynamic shapes, a second size seen in a dimension compiled as a
+    constant (another model's width) turns that dimension variable from then on, and the
+    kernels' rounding would depend on what the process ran before; `fused` marks the
+    dimensions that vary instead. This also applies to other torch.compile users in the
+    process, who then get a new specialization per shape unless they mark dimensions too.
+    """
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.automatic_dynamic_shapes = False
+
+
 def fused(fn: F | None = None, *, dynamic: dict[int, tuple[int, ...]] | None = None):
     """`fn` compiled on first use, or `fn` itself when compiling is off or fails.
 
@@ -54,8 +68,7 @@ def fused(fn: F | None = None, *, dynamic: dict[int, tuple[int, ...]] | None = N
             return fn(*args, **kwargs)
         compiled = state.get("fn", ...)
         if compiled is ...:
-            limit = torch._dynamo.config.recompile_limit
-            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+            _configure_dynamo()
             compiled = state["fn"] = torch.compile(fn)
         if compiled is None:
             return fn(*args, **kwargs)
@@ -64,8 +77,7 @@ def fused(fn: F | None = None, *, dynamic: dict[int, tuple[int, ...]] | None = N
                 for d in dims:
                     torch._dynamo.maybe_mark_dynamic(args[i], d)
         try:
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-                return compiled(*args, **kwargs)
+            return compiled(*args, **kwargs)
         except Exception as exc:  # no compiler, an unsupported device: eager from now on
             state["fn"] = None
             log.warning("torch.compile unavailable for %s (%s); running eagerly", fn.__name__, exc)

@@ -72,10 +72,12 @@ class Block(nn.Module):
         cfg, dtype = self.cfg, ctx.dtype
         q, k, v = self.qkv(_norm(self.attn_norm, x, dtype))
         cos, sin = ctx.rope_swa if self.swa else ctx.rope
-        prep = _prep_fused if ctx.fuse else _prep
-        qn, kn = self.attn_q_norm, self.attn_k_norm
-        q = prep(q, *_weight_eps(qn), cos, sin, cfg.arch.rope, cfg.attn_scale, dtype)
-        k = prep(k, *_weight_eps(kn), cos, sin, cfg.arch.rope, 1.0, dtype)
+        qn, kn, style = self.attn_q_norm, self.attn_k_norm, cfg.arch.rope
+        if ctx.fuse:
+            q, k = _prep_qk(q, k, qn, kn, cos, sin, style, cfg.attn_scale, dtype)
+        else:
+            q = _prep(q, *_weight_eps(qn), cos, sin, style, cfg.attn_scale, dtype)
+            k = _prep(k, *_weight_eps(kn), cos, sin, style, 1.0, dtype)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, H_kv, T, D)
         v = v.to(dtype).transpose(1, 2)
         if ctx.cache is not None:
@@ -89,9 +91,10 @@ class Block(nn.Module):
         B, H, T, D = o.shape
         return self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
 
-    def ffn(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """The feed-forward sub-layer's output before its post-norm, in the compute dtype."""
-        h = _norm(self.ffn_norm, x, ctx.dtype)
+    def ffn(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
+        """The feed-forward sub-layer's output before its post-norm, in the compute dtype.
+        h: ffn_norm(x) in the compute dtype when the caller has it already."""
+        h = _norm(self.ffn_norm, x, ctx.dtype) if h is None else h
         if self.ffn_gate is None:  # fused gate and up (phi3)
             gate, up = self.ffn_up(h).chunk(2, dim=-1)
         else:
@@ -109,8 +112,14 @@ class Block(nn.Module):
         return x + norm(y)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.residual(x, self.attention(x, ctx), self.post_attention_norm, ctx.fuse)
-        return self.residual(x, self.ffn(x, ctx), self.post_ffw_norm, ctx.fuse)
+        y, post = self.attention(x, ctx), self.post_attention_norm
+        if ctx.fuse and post is not None:  # residual, post-norm and the next pre-norm in one
+            w, eps = (post.weight, self.ffn_norm.weight), (post.eps, self.ffn_norm.eps)
+            x2, h = _add_norm_norm(_rows(x), _rows(y), *w, *eps, ctx.dtype)
+            x, h = x2.view(x.shape), h.view(x.shape)
+        else:
+            x, h = self.residual(x, y, post, ctx.fuse), None
+        return self.residual(x, self.ffn(x, ctx, h), self.post_ffw_norm, ctx.fuse)
 
 
 def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
@@ -145,19 +154,24 @@ def _prep(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype)
     return (apply_rope(x, cos, sin, style) * scale).to(dtype)
 
 
-_prep_one = fused(_prep, dynamic={0: (1,), 3: (0,), 4: (0,)})  # the rows
+@fused(dynamic={0: (1,), 1: (1,), 4: (0,), 5: (0,)})  # the rows
+def _prep_both(q, k, wq, wk, eps_q: float, eps_k: float, cos, sin, style: str, scale, dtype):
+    return (
+        _prep(q, wq, eps_q, cos, sin, style, scale, dtype),
+        _prep(k, wk, eps_k, cos, sin, style, 1.0, dtype),
+    )
 
 
-def _prep_fused(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype):
-    """_prep fused, on the B * T rows as one sequence (rope angles per row)."""
-    B, T, H, D = x.shape
+def _prep_qk(q, k, q_norm, k_norm, cos, sin, style: str, scale: float, dtype):
+    """_prep of queries and keys in one fused call, on the B * T rows as one sequence."""
+    B, T, H, D = q.shape
     if cos.dim() == 2:  # shared positions (T, n_rot/2)
         cos, sin = cos.expand(B, T, -1), sin.expand(B, T, -1)
     flat = lambda a: a.reshape(B * T, a.shape[-1])  # noqa: E731
-    y = _prep_one(
-        x.reshape(1, B * T, H, D), norm_weight, eps, flat(cos), flat(sin), style, scale, dtype
-    )
-    return y.view(B, T, H, D)
+    (wq, eq), (wk, ek) = _weight_eps(q_norm), _weight_eps(k_norm)
+    qf, kf = q.reshape(1, B * T, H, D), k.reshape(1, B * T, *k.shape[2:])
+    q, k = _prep_both(qf, kf, wq, wk, eq, ek, flat(cos), flat(sin), style, scale, dtype)
+    return q.view(B, T, H, D), k.view(B, T, *k.shape[2:])
 
 
 @fused(dynamic={0: (0,)})
@@ -168,6 +182,13 @@ def _norm_cast(x, weight, eps: float, dtype):
 @fused(dynamic={0: (0,), 1: (0,)})
 def _add_norm(x, y, weight, eps: float):
     return x + rms_norm(y, weight, eps)
+
+
+@fused(dynamic={0: (0,), 1: (0,)})
+def _add_norm_norm(x, y, w_post, w_next, eps_post: float, eps_next: float, dtype):
+    """x + post_norm(y), and the next norm of that sum in `dtype`."""
+    x = x + rms_norm(y, w_post, eps_post)
+    return x, rms_norm(x, w_next, eps_next).to(dtype)
 
 
 def _act_mul(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
@@ -339,14 +360,19 @@ class Decoder(nn.Module):
             x = checkpoint(run, x.to(dtype), use_reentrant=False)
         return x
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (..., n_embd) -> logits (..., n_vocab) float32."""
+    def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """Hidden states (..., n_embd) -> logits (..., n_vocab) float32. float32=False leaves
+        them in the compute dtype when nothing follows the product (no soft-capping): the same
+        values, without a (rows x vocabulary) float32 copy."""
         h = h.to(self.compute_dtype)
         if self.output is not None:
-            logits = self.output(h).float()
+            logits = self.output(h)
         else:
-            logits = frozen_linear(h, self.token_embd).float()
+            logits = frozen_linear(h, self.token_embd)
         cap = self.cfg.final_softcap
+        if not float32 and not cap:
+            return logits
+        logits = logits.float()
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits

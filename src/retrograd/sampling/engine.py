@@ -191,7 +191,7 @@ class Sampler:
                 key_mask=key_mask[:, :e] if padded else None,
                 positions=positions[:, c:e] if padded else None,
             )  # (P, T, n_embd)
-        return cache, dec.head(h[:, -1]), key_mask
+        return cache, dec.head(h[:, -1], float32=False), key_mask
 
     def _decode(self, rows, cache, logits, key_mask, width, on_text) -> None:
         dec, dev = self.decoder, self.decoder.device
@@ -219,7 +219,7 @@ class Sampler:
             h = dec(
                 ids, start=slot, cache=cache, key_mask=key_mask[:, : slot + 1], positions=positions
             )
-            logits = dec.head(h[:, -1])  # (B, V)
+            logits = dec.head(h[:, -1], float32=False)  # (B, V), 16-bit when bf16 compute
             slot += 1
 
     def _choose(self, live: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:

@@ -30,17 +30,19 @@ def select_device(
     u: torch.Tensor,
     fast_top_p: bool = False,
 ) -> torch.Tensor:
-    """logits (B, V) float32, temperature/top_p/u (B,) -> token ids (B,) long, on logits' device.
+    """logits (B, V) float32 (or bf16/f16: the same values widened), temperature/top_p/u (B,)
+    -> token ids (B,) long, on logits' device.
 
     temperature 0 is greedy (argmax; u is ignored).
     """
     B = logits.shape[0]
     greedy = temperature <= 0
     if bool(greedy.all()):
-        return logits.argmax(-1)
+        return _argmax(logits)
     out = torch.empty(B, dtype=torch.long, device=logits.device)
     if greedy.any():
-        out[greedy] = logits[greedy].argmax(-1)
+        out[greedy] = _argmax(logits[greedy])
+    logits = logits.float()
     full = ~greedy & (top_p >= 1)  # inverse CDF in id order
     if full.any():
         probs = torch.softmax(logits[full] / temperature[full, None], -1)  # (b, V)
@@ -115,15 +117,22 @@ def token_logprobs_device(
 ) -> torch.Tensor:
     """log p(token) under softmax(logits / T), T = 1 for greedy rows; (B,) float32."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    picked = logits.gather(-1, tokens[:, None])[:, 0] / t
+    picked = logits.gather(-1, tokens[:, None])[:, 0].float() / t
     return picked - _tempered_logsumexp(logits, t)
+
+
+@fused(dynamic={0: (0,)})
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The first index of each row's largest logit. NOTE: fused because PyTorch's own argmax
+    over 16-bit rows is not vectorized on the CPU (3.5 ms for 8 rows of 262k, 0.3 ms here)."""
+    return logits.float().argmax(-1)
 
 
 @fused(dynamic={0: (0,), 1: (0,)})
 def _tempered_logsumexp(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """logsumexp(logits / t) per row, fused: one read of the (B, V) logits per pass instead of
     a scaled copy and four passes (5 ms a step for 8 rows of a 262k vocabulary)."""
-    return torch.logsumexp(logits / t[:, None], -1)
+    return torch.logsumexp(logits.float() / t[:, None], -1)
 
 
 def token_logprobs_host(logits: torch.Tensor, temperature, tokens) -> torch.Tensor:
