@@ -1,6 +1,7 @@
 """SFT speed and memory on Gemma 3 270M Q4_K_M: Retrograd against TRL+PEFT+transformers, one run.
 
   .venv/bin/python bench/sft.py [--threads 2] [--steps 6] [--warmup 2] [--trl bf16+gc,bf16,f32]
+                                [--rest 20]
 
 Both sides train the same LoRA (rank 8, alpha 16, q k v o gate up down, no dropout), with AdamW
 at a constant lr 1e-4 and gradient clipping at 1.0, on the same windows of 512 token ids (batch 1,
@@ -281,6 +282,9 @@ def worker_ours(args) -> dict:
 
 
 def run_worker(kind: str, args, variant: str = "") -> dict:
+    # NOTE: each side starts from an idle machine: right after a 90-second TRL run our steps
+    # measured 10% slower than after a pause (the host's clock and caches settle).
+    time.sleep(args.rest)
     load = os.getloadavg()[0]
     cmd = [sys.executable, __file__, "--worker", kind, "--variant", variant, "--workdir"]
     cmd += [args.workdir, "--threads", str(args.threads), "--warmup", str(args.warmup)]
@@ -364,6 +368,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6, help="timed steps (windows) per side")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (at least 1)")
     p.add_argument("--trl", default="bf16+gc,bf16,f32", help="TRL variants, comma-separated")
+    p.add_argument("--rest", type=float, default=20.0, help="idle seconds before each side")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
