@@ -174,3 +174,36 @@ def test_fused_bf16_block_equals_unfused(tiny_model, monkeypatch, name):
         assert abs(float(loss) - float(plain_loss)) < 0.02 * abs(float(plain_loss))
         for a, b in zip(grads, plain_grads, strict=True):
             assert (a - b).abs().max() <= 0.05 * b.abs().max() + 1e-6
+
+
+def test_grouped_projections_equal_separate_ones(tiny_model, monkeypatch):
+    """bf16 with the cache on: q/k/v and gate/up as one stacked product each, forward and
+    backward, give the separate products' loss and input gradient; the stacked copies replace
+    the single ones in the cache."""
+    import retrograd.model.decoder as decoder_module
+
+    m = load(tiny_model("gemma3"), dtype=torch.bfloat16, cache="on")
+    ids = torch.tensor([IDS])
+
+    def run():
+        m.decoder.token_embd.cache.clear()
+        x = m.decoder.embed(ids).detach().requires_grad_()
+        ctx = decoder_module.ForwardContext(
+            m.config, ids.shape[1], 0, None, torch.bfloat16, m.device, None, False, None
+        )
+        h = x
+        for block in m.decoder.blk:
+            h = block(h, ctx)
+        loss = m.decoder.output_norm(h).square().mean()
+        (grad,) = torch.autograd.grad(loss, x)
+        return loss, grad
+
+    grouped_loss, grouped_grad = run()
+    blk = m.decoder.blk[0]
+    cache = blk.attn_q.frozen.cache
+    assert cache.peek(blk.attn_q.frozen, torch.bfloat16) is None  # only the stacked copy
+    monkeypatch.setattr(decoder_module, "frozen_linear_group", lambda x, w: None)
+    plain_loss, plain_grad = run()
+    assert cache.peek(blk.attn_q.frozen, torch.bfloat16) is not None
+    torch.testing.assert_close(grouped_loss, plain_loss, rtol=2e-2, atol=1e-3)
+    assert (grouped_grad - plain_grad).abs().max() <= 0.05 * plain_grad.abs().max()
