@@ -29,7 +29,9 @@ def compile_enabled() -> bool:
     return os.environ.get("RETRO_COMPILE", "1") not in ("0", "", "false")
 
 
-RECOMPILE_LIMIT = 32  # shapes one fused function may compile for (PyTorch's default: 8)
+RECOMPILE_LIMIT = 512  # shapes one fused function may compile for (PyTorch's default: 8)
+# NOTE: past the limit PyTorch silently runs new shapes eagerly, whose rounding differs: a
+# process that loads several models (the test suite) must never reach it.
 
 
 def _configure_dynamo() -> None:
@@ -43,6 +45,9 @@ def _configure_dynamo() -> None:
     """
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(
+        config.accumulated_recompile_limit, 8 * RECOMPILE_LIMIT
+    )
     config.automatic_dynamic_shapes = False
 
 
