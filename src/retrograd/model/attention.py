@@ -88,8 +88,9 @@ def _decode_kernel(q, k, v, mask, scale: float):
     return (p[..., None] * v.float()[:, :, None, :, :]).sum(-2).to(q.dtype)
 
 
-def _forward(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> output (B, H, T, D), log-sum-exp of the scaled scores (B, H, T) float32."""
+def _forward(q, k, v, mask, scale, keep: list | None = None):
+    """-> output (B, H, T, D), log-sum-exp of the scaled scores (B, H, T) float32. keep: a
+    list that receives each chunk's probabilities (for backward)."""
     B, H, T, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
@@ -99,7 +100,12 @@ def _forward(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
         p16, lse_g = _softmax(s16.view(-1, s1), m, scale)  # (rows, s1), (rows,)
         o[:, :, t0:t1] = (p16.view(s16.shape) @ v[:, :, :s1]).view(B, H, n, D)
         lse[:, :, t0:t1] = lse_g.view(B, H, n)
+        if keep is not None:
+            keep.append(p16)
     return o, lse
+
+
+KEEP_PROBS = 1 << 22  # probabilities per layer kept for backward (8 MiB in bf16), else recomputed
 
 
 def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -129,31 +135,25 @@ def _probs(s16: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor, scale: floa
     return torch.where(mask, p, 0.0).to(s16.dtype)
 
 
-@fused(dynamic={0: (0, 1), 1: (0,), 2: (0, 1), 3: (0, 1), 4: (0,)})
-def _score_grad(
-    s16: torch.Tensor,
-    lse: torch.Tensor,
-    mask: torch.Tensor,
-    dp16: torch.Tensor,
-    delta: torch.Tensor,
-    scale: float,
-):
-    """dL/ds = scale * p * (dp - delta), p recomputed -> the compute dtype."""
-    p = torch.where(mask, torch.exp(s16.float() * scale - lse[:, None]), 0.0)
-    return (p * (dp16.float() - delta[:, None]) * scale).to(s16.dtype)
+@fused(dynamic={0: (0, 1), 1: (0, 1), 2: (0,)})
+def _score_grad(p16: torch.Tensor, dp16: torch.Tensor, delta: torch.Tensor, scale: float):
+    """dL/ds = scale * p * (dp - delta) -> the compute dtype."""
+    return (p16.float() * (dp16.float() - delta[:, None]) * scale).to(p16.dtype)
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale):
-        o, lse = _forward(q, k, v, mask, scale)
-        ctx.save_for_backward(q, k, v, mask, o, lse)
-        ctx.scale = scale
+        B, H, T, _ = q.shape
+        keep = [] if B * H * T * k.shape[2] <= KEEP_PROBS else None
+        o, lse = _forward(q, k, v, mask, scale, keep)
+        ctx.save_for_backward(q, k, v, mask, o, lse, *(keep or []))
+        ctx.scale, ctx.kept = scale, keep is not None
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, mask, o, lse = ctx.saved_tensors
+        q, k, v, mask, o, lse, *kept = ctx.saved_tensors
         scale = ctx.scale
         B, H, T, D = q.shape
         H_kv = k.shape[1]
@@ -162,16 +162,18 @@ class _Attention(torch.autograd.Function):
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         do = do.to(q.dtype)
         delta = (do.float() * o.float()).sum(-1)  # (B, H, T)
-        for t0, t1, s1, grouped, m in _chunks(q, mask, H_kv):
+        for i, (t0, t1, s1, grouped, m) in enumerate(_chunks(q, mask, H_kv)):
             kc, vc = k[:, :, :s1], v[:, :, :s1]  # the keys these queries may see
             qg, dog = grouped(q), grouped(do)  # (B, H_kv, g n, D)
             lse_g, delta_g = grouped(lse).reshape(-1), grouped(delta).reshape(-1)  # (rows,)
-            s16 = qg @ kc.transpose(-1, -2)  # (B, H_kv, g n, s1)
-            rows = s16.view(-1, s1)
-            p16 = _probs(rows, lse_g, m, scale).view(s16.shape)
-            dv[:, :, :s1] += (p16.transpose(-1, -2) @ dog).float()
+            shape = (*qg.shape[:-1], s1)  # (B, H_kv, g n, s1)
+            if kept:
+                p16 = kept[i]  # (rows, s1)
+            else:
+                p16 = _probs((qg @ kc.transpose(-1, -2)).view(-1, s1), lse_g, m, scale)
+            dv[:, :, :s1] += (p16.view(shape).transpose(-1, -2) @ dog).float()
             dp16 = (dog @ vc.transpose(-1, -2)).view(-1, s1)
-            ds16 = _score_grad(rows, lse_g, m, dp16, delta_g, scale).view(s16.shape)
+            ds16 = _score_grad(p16, dp16, delta_g, scale).view(shape)
             dq[:, :, t0:t1] = (ds16 @ kc).view(B, H, t1 - t0, D)
             dk[:, :, :s1] += (ds16.transpose(-1, -2) @ qg).float()
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None

@@ -43,32 +43,15 @@ class DenseCache:
     def peek(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor | None:
         return self._store.get((id(owner), dtype))
 
-    def packed(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor:
-        """The weight in oneDNN's blocked layout for `x @ W^T` (see `packed_weights`). Packed
-        from the dense copy when one is cached, else from a dequantized copy that is dropped."""
-        key = (id(owner), "packed", dtype)
-        packed = self._store.get(key)
-        if packed is None:
-            dense = self.peek(owner, dtype)
-            dense = owner.dequantize(dtype) if dense is None else dense
-            packed = torch.ops.mkldnn._reorder_linear_weight(dense, 1)
-            self._store[key] = packed
-        return packed
-
-    def packed_group(self, owners: list[FrozenTensor], dtype: torch.dtype) -> torch.Tensor:
-        """Several weights with one input (q, k, v; gate, up) stacked by rows and packed: one
-        matrix-vector product instead of several."""
+    def packed(self, owners: list[FrozenTensor], dtype: torch.dtype) -> torch.Tensor:
+        """Weights with one input (q, k, v; gate, up; or a single one) stacked by rows, in
+        oneDNN's blocked layout for `x @ W^T` (see `packed_weights`): one matrix-vector product
+        instead of several. Packed from cached dense copies where they exist, else from
+        dequantized ones that are dropped."""
         key = (tuple(id(o) for o in owners), "packed", dtype)
         packed = self._store.get(key)
         if packed is None:
-            parts = [self.peek(o, dtype) for o in owners]
-            dense = torch.cat(
-                [
-                    o.dequantize(dtype) if p is None else p
-                    for o, p in zip(owners, parts, strict=True)
-                ]
-            )
-            packed = torch.ops.mkldnn._reorder_linear_weight(dense, 1)
+            packed = torch.ops.mkldnn._reorder_linear_weight(self._rows_now(owners, dtype), 1)
             self._store[key] = packed
         return packed
 
@@ -77,14 +60,20 @@ class DenseCache:
         key = (tuple(id(o) for o in owners), dtype)
         dense = self._store.get(key)
         if dense is None:
-            dense = torch.cat(
-                [
-                    self.peek(o, dtype) if self.peek(o, dtype) is not None else o.dequantize(dtype)
-                    for o in owners
-                ]
-            )
-            self._store[key] = dense
+            dense = self._store[key] = self._rows_now(owners, dtype)
         return dense
+
+    def _rows_now(self, owners: list[FrozenTensor], dtype: torch.dtype) -> torch.Tensor:
+        """The weights stacked by rows, from cached copies (stacked or single) where they
+        exist, else freshly dequantized; caches nothing."""
+        stacked = self._store.get((tuple(id(o) for o in owners), dtype))
+        if stacked is not None:
+            return stacked
+        parts = [self.peek(o, dtype) for o in owners]
+        parts = [
+            o.dequantize(dtype) if p is None else p for o, p in zip(owners, parts, strict=True)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def clear(self) -> None:
         self._store.clear()
@@ -198,7 +187,7 @@ def frozen_linear_group(x: torch.Tensor, weights: list[FrozenTensor]) -> list[to
     grad = torch.is_grad_enabled() and x.requires_grad
     sizes = [w.shape[0] for w in weights]
     if not grad and _packable(x, weights[0]):
-        packed = weights[0].cache.packed_group(weights, x.dtype)
+        packed = weights[0].cache.packed(weights, x.dtype)
         return list(_packed_linear(x, packed, sum(sizes)).split(sizes, -1))
     if x.dtype == torch.float32 or not weights[0].cache.enabled:
         return None
@@ -257,6 +246,6 @@ def frozen_linear(x: torch.Tensor, weight: FrozenTensor) -> torch.Tensor:
     """x (..., n_in) -> (..., n_out) in x's dtype."""
     if not torch.is_grad_enabled() or not x.requires_grad:
         if _packable(x, weight):
-            return _packed_linear(x, weight.cache.packed(weight, x.dtype), weight.shape[0])
+            return _packed_linear(x, weight.cache.packed([weight], x.dtype), weight.shape[0])
         return _linear(x, weight.dense(x.dtype))
     return _FrozenLinear.apply(x, weight)

@@ -31,10 +31,12 @@ def _causal(T, S):
         (2, 4, 2, 24, 40, "cache", 7),  # several query chunks
     ],
 )
-@pytest.mark.parametrize("compiled", ["1", "0"])
-def test_attention_matches_sdpa(monkeypatch, B, H, H_kv, T, S, mask_kind, chunk, compiled):
+@pytest.mark.parametrize("compiled, keep", [("1", True), ("0", True), ("1", False)])
+def test_attention_matches_sdpa(monkeypatch, B, H, H_kv, T, S, mask_kind, chunk, compiled, keep):
+    """keep: probabilities kept from forward (small layers) or recomputed in backward."""
     monkeypatch.setenv("RETRO_COMPILE", compiled)
     monkeypatch.setattr(attn, "QUERY_CHUNK", chunk)
+    monkeypatch.setattr(attn, "KEEP_PROBS", attn.KEEP_PROBS if keep else 0)
     g = torch.Generator().manual_seed(T + S)
     q = torch.randn(B, H, T, 16, generator=g).bfloat16().requires_grad_()
     k = torch.randn(B, H_kv, S, 16, generator=g).bfloat16().requires_grad_()
