@@ -139,7 +139,8 @@ class Block(nn.Module):
 
 
 def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
-    """The linears' outputs for one input: one packed product when packed weights apply."""
+    """The linears' outputs for one input, from one stacked product where `frozen_linear_group`
+    applies (packed while sampling, stacked in 16-bit compute), else one product each."""
     ys = frozen_linear_group(x, [lin.frozen for lin in linears])
     if ys is None:
         return [lin(x) for lin in linears]

@@ -58,9 +58,7 @@ class Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         if self.lora is not None and self.lora.enabled:
-            if hasattr(self.lora, "add_to"):
-                return self.lora.add_to(y, x)
-            y = y + self.lora(x).to(y.dtype)
+            return self.lora.add_to(y, x)  # y + lora(x), fused (trainable/lora.py)
         return y
 
     def extra_repr(self) -> str:
