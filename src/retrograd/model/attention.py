@@ -69,6 +69,11 @@ def fast_decode(on: bool = True):
         _FAST_DECODE.reset(token)
 
 
+def fast_decode_on() -> bool:
+    """Whether the caller is inside `fast_decode`."""
+    return _FAST_DECODE.get()
+
+
 def _decode_step(q, k, v, mask, scale) -> torch.Tensor:
     """q (B, H, 1, D) against k, v (B, H_kv, S, D) -> (B, H, 1, D)."""
     B, H, _, D = q.shape

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from retrograd.compiled import fused
+from retrograd.model import decode
 from retrograd.model.attention import attention, repeat_kv
 from retrograd.model.config import ModelConfig
 from retrograd.model.frozen import FrozenTensor, frozen_linear, frozen_linear_group
@@ -350,6 +351,8 @@ class Decoder(nn.Module):
         x = self.embed(ids)
         if self.checkpointing is not None and torch.is_grad_enabled():
             x = self._checkpointed_blocks(x, ctx)
+        elif decode.applies(self, ctx, T):
+            x = decode.decode_layers(self, x, ctx)
         else:
             h = None
             for i, block in enumerate(self.blk):

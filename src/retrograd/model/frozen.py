@@ -159,20 +159,39 @@ def packed_weights(on: bool = True):
         _PACKED.reset(token)
 
 
-def _packable(x: torch.Tensor, weight: FrozenTensor) -> bool:
+def packable(dtype: torch.dtype, device: torch.device, weight: FrozenTensor) -> bool:
+    """Whether gradient-free products in `dtype` on `device` read packed copies of weights
+    that share `weight`'s cache (see `packed_weights`)."""
     return (
         _PACKED.get()
-        and x.dtype == torch.bfloat16
-        and x.device.type == "cpu"
+        and dtype == torch.bfloat16
+        and device.type == "cpu"
         and weight.cache.enabled
         and torch.backends.mkldnn.is_available()
     )
+
+
+def _packable(x: torch.Tensor, weight: FrozenTensor) -> bool:
+    return packable(x.dtype, x.device, weight)
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.ops.mkldnn._linear_pointwise(x2, packed, None, "none", [None], "")
     return out.view(*x.shape[:-1], n_out)
+
+
+@torch.library.custom_op("retrograd::packed_linear", mutates_args=())
+def packed_linear_op(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x (N, n_in) @ W^T for W packed by `DenseCache.packed`, as an operator `torch.compile`
+    calls as it is. NOTE: Inductor lowers oneDNN's own operator only for weights it packed
+    itself (frozen graph constants); a weight passed in needs this opaque wrapper."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [None], "")
+
+
+@packed_linear_op.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])
 
 
 def frozen_linear_group(x: torch.Tensor, weights: list[FrozenTensor]) -> list[torch.Tensor] | None:

@@ -1,0 +1,97 @@
+"""A decode step as one compiled graph per layer equals the layer-by-layer fused path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import retrograd
+import retrograd.model.decode as decode
+from retrograd.model.attention import fast_decode
+from retrograd.model.frozen import packed_weights
+from retrograd.model.kv_cache import KVCache
+from tests.factories.adapters import write_adapter
+
+B, PROMPT, STEPS = 3, 7, 5  # decoding past the tiny gemma3's sliding window of 8
+
+
+def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor], KVCache]:
+    """Prefill left-padded prompts, then decode STEPS tokens; -> hidden states of each step."""
+    dec = m.decoder
+    cap = PROMPT + STEPS
+    slots = torch.arange(cap)
+    key_mask = slots[None, :] >= pad[:, None]
+    positions = (slots[None, :] - pad[:, None]).clamp_min(0)
+    cache = KVCache.empty(dec.cfg, B, cap, torch.bfloat16, dec.device)
+    out = []
+    with torch.no_grad(), fast_decode(), packed_weights():
+        dec(ids[:, :PROMPT], 0, cache, key_mask[:, :PROMPT], positions[:, :PROMPT])
+        for t in range(PROMPT, cap):
+            h = dec(ids[:, t : t + 1], t, cache, key_mask[:, : t + 1], positions[:, t : t + 1])
+            out.append(h)
+    return out, cache
+
+
+@pytest.mark.parametrize(
+    "name, adapter",
+    [("gemma3", False), ("gemma3", True), ("llama3", False), ("qwen2", True), ("phi3", True)],
+)
+def test_decode_graph_equals_the_layer_by_layer_path(
+    tiny_model, tmp_path, monkeypatch, name, adapter
+):
+    """qwen2: projection biases; phi3: fused qkv and gate-up; adapters on every projection."""
+    path = tiny_model(name)
+    m = retrograd.load(path, device="cpu", dtype=torch.bfloat16)
+    assert m.decoder.token_embd.cache.enabled
+    if adapter:
+        linears = [
+            f"blk.{i}.{t}.weight"
+            for i in range(m.decoder.cfg.n_layer)
+            for t in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output")
+            + ("ffn_gate", "ffn_up", "ffn_down")
+        ]
+        from retrograd.gguf import GGUFFile
+
+        targets = [t for t in linears if t in GGUFFile(path).tensors]
+        m = retrograd.load(
+            path,
+            device="cpu",
+            dtype=torch.bfloat16,
+            adapter=write_adapter(tmp_path / "a.gguf", path, targets),
+        )
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
+    pad = torch.tensor([0, 2, 4])
+
+    calls = []
+    layer = decode._layer
+    monkeypatch.setattr(decode, "_layer", lambda *a: calls.append(1) or layer(*a))
+    graph, graph_cache = _decode(m, ids, pad)
+    assert len(calls) == STEPS * m.decoder.cfg.n_layer  # every decode step took the graph
+
+    monkeypatch.setattr(decode, "applies", lambda *a: False)
+    plain, plain_cache = _decode(m, ids, pad)
+    assert len(calls) == STEPS * m.decoder.cfg.n_layer
+    # the same float32 arithmetic fused differently: float32 rounding, and now and then one
+    # bf16 step (2^-8 relative) where the two orders land on either side of a rounding
+    pairs = list(zip(graph, plain, strict=True))
+    pairs += zip(graph_cache.k + graph_cache.v, plain_cache.k + plain_cache.v, strict=True)
+    for a, b in pairs:
+        a, b = a.float(), b.float()
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
+
+
+def test_decode_graph_is_not_used_for_exact_sampling(tiny_model):
+    """Float32 compute (the exactness path) and the exact sampling context stay as they were."""
+    path = tiny_model("gemma3")
+    m = retrograd.load(path, device="cpu", dtype=torch.bfloat16)
+    ctx = type("Ctx", (), {})()
+    ctx.cache = KVCache.empty(m.decoder.cfg, 1, 4, torch.bfloat16, m.decoder.device)
+    ctx.start, ctx.fuse, ctx.dtype = 2, True, torch.bfloat16
+    with packed_weights():
+        assert not decode.applies(m.decoder, ctx, 1)  # no fast_decode: the exact context
+        with fast_decode():
+            assert decode.applies(m.decoder, ctx, 1)
+            assert not decode.applies(m.decoder, ctx, 2)  # a prefill
+            ctx.fuse = False  # float32 compute
+            assert not decode.applies(m.decoder, ctx, 1)
