@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from retrograd.compiled import compile_enabled, fused
 from retrograd.model.attention import fast_decode_on
-from retrograd.model.frozen import packable, packed_linear_op
+from retrograd.model.frozen import lower_packed_linear, packable, packed_linear_op
 from retrograd.model.layers import rms_norm
 from retrograd.model.rope import apply_rope
 
@@ -64,6 +64,7 @@ def decode_layers(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
         cfg.arch.rope,
         cfg.arch.ffn_act,
     )
+    lower_packed_linear()
     h = x.view(B, -1)
     for block in decoder.blk:
         swa, fused, weights, norms, extras = _layer_args(block, dtype)
