@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from retrograd.sampling.select import (
+    greedy_device,
     select_device,
     select_host,
     token_logprobs_device,
@@ -82,3 +83,14 @@ def test_logprobs_device_equal_host_oracle():
     torch.testing.assert_close(dev, host, atol=1e-5, rtol=1e-5)
     ref = torch.log_softmax(logits[0].double(), -1)[5]  # greedy: temperature 1
     assert abs(dev[0].item() - ref.item()) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_in_one_kernel_equals_the_general_path(dtype):
+    logits = (torch.randn(5, 3000, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    logits[2, 7] = logits[2, 1000] = logits[2].max() + 1  # a tie: the first index wins
+    t, p = torch.zeros(5), torch.ones(5)
+    tokens, lp = greedy_device(logits)
+    assert torch.equal(tokens, select_device(logits, t, p, torch.rand(5, dtype=torch.float64)))
+    assert tokens[2] == 7
+    torch.testing.assert_close(lp, token_logprobs_host(logits, t, tokens), atol=1e-5, rtol=1e-5)
