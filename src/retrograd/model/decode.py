@@ -76,18 +76,16 @@ def decode_layers(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
 
 def _layer_args(block, dtype: torch.dtype):
     """(sliding window, fused projections, packed weights, norms, extras) of one block."""
-    if block.attn_qkv is not None:
-        attn = [block.attn_qkv]
-    else:
-        attn = [block.attn_q, block.attn_k, block.attn_v]
-    ffn = [block.ffn_up] if block.ffn_gate is None else [block.ffn_gate, block.ffn_up]
-    groups = (attn, [block.attn_output], ffn, [block.ffn_down])
-    cache = block.attn_output.frozen.cache
-    packed = tuple(cache.packed([lin.frozen for lin in g], dtype) for g in groups)
-    extras = tuple(_extras(lin) for g in groups for lin in g)
-    norms = tuple(
-        (None, 0.0) if n is None else (n.weight, n.eps)
-        for n in (
+    parts = getattr(block, "_decode_parts", None)
+    if parts is None:  # NOTE: what never changes after loading, looked up once (per step,
+        # nn.Module attribute lookups cost ~0.3 ms for Gemma 3 270M's 18 layers)
+        if block.attn_qkv is not None:
+            attn = [block.attn_qkv]
+        else:
+            attn = [block.attn_q, block.attn_k, block.attn_v]
+        ffn = [block.ffn_up] if block.ffn_gate is None else [block.ffn_gate, block.ffn_up]
+        groups = (attn, [block.attn_output], ffn, [block.ffn_down])
+        norms = (
             block.attn_norm,
             block.attn_q_norm,
             block.attn_k_norm,
@@ -95,9 +93,17 @@ def _layer_args(block, dtype: torch.dtype):
             block.ffn_norm,
             block.post_ffw_norm,
         )
-    )
-    fused = (len(attn) == 1, len(ffn) == 1)  # phi3's attn_qkv; ffn_up holding gate and up
-    return block.swa, fused, packed, norms, None if all(e is None for e in extras) else extras
+        parts = block._decode_parts = (
+            (block.swa, (len(attn) == 1, len(ffn) == 1)),  # phi3: attn_qkv; gate+up in ffn_up
+            tuple(lin for g in groups for lin in g),
+            tuple([lin.frozen for lin in g] for g in groups),
+            tuple((None, 0.0) if n is None else (n.weight, n.eps) for n in norms),
+        )
+    (swa, fused), linears, frozen, norms = parts
+    cache = frozen[0][0].cache
+    packed = tuple(cache.packed(g, dtype) for g in frozen)
+    extras = tuple(_extras(lin) for lin in linears)
+    return swa, fused, packed, norms, None if all(e is None for e in extras) else extras
 
 
 def _extras(lin):
