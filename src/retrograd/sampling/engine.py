@@ -225,11 +225,13 @@ class Sampler:
 
     def _choose(self, live: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Next token of every live row and its log-probability."""
-        u = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in live])
         if self.device_sampling and self.device_logprobs and all(r.temperature <= 0 for r in live):
-            tokens, lp = greedy_device(logits)  # the general path's numbers, in one kernel
+            # greedy rows draw no uniform numbers (they would ignore them): the general
+            # path's numbers, in one kernel
+            tokens, lp = greedy_device(logits)
             if bool(torch.isfinite(lp).all()):
                 return tokens.tolist(), lp.tolist()
+        u = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in live])
         temp = torch.tensor([r.temperature for r in live], dtype=torch.float32)
         top_p = torch.tensor([r.top_p for r in live], dtype=torch.float32)
         if self.device_sampling:
