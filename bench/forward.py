@@ -77,9 +77,11 @@ def worker_llama(args) -> dict:
 
 
 def _model(args):
+    # isort: off
+    import retrograd  # before torch: this process's allocator settings (its NOTE)
     import torch
 
-    import retrograd
+    # isort: on
 
     torch.set_num_threads(args.threads)
     m = retrograd.load(gemma(), device="cpu")

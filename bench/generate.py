@@ -120,7 +120,11 @@ def main() -> None:
         "--rounds", type=int, default=3, help="rounds of llama.cpp then our 8 sequences"
     )
     args = ap.parse_args()
+    # isort: off
+    import retrograd  # noqa: F401  # before torch: this process's allocator settings (its NOTE)
     import torch
+
+    # isort: on
 
     torch.set_num_threads(args.threads)
     path = gemma()

@@ -1,6 +1,7 @@
 """SFT speed and memory on Gemma 3 270M Q4_K_M: Retrograd against TRL+PEFT+transformers, one run.
 
-  .venv/bin/python bench/sft.py [--threads 2] [--steps 6] [--warmup 2] [--trl bf16+gc,bf16,f32]
+  .venv/bin/python bench/sft.py [--threads 2] [--steps 6] [--warmup 2]
+                                [--trl bf16+gc,bf16,f32,bf16+thp]
                                 [--rest 20] [--rounds 3]
 
 Both sides train the same LoRA (rank 8, alpha 16, q k v o gate up down, no dropout), with AdamW
@@ -9,7 +10,8 @@ loss on every token after the first), tokenized once by our tokenizer from a tex
 tests/data/varied.txt. Each side runs in its own process so that its peak memory is its own:
   - TRL: SFTTrainer on the GGUF loaded through transformers (dequantized to float32), with
     PEFT's LoRA; one process per variant: bf16 (autocast, TRL's default) or f32, with or
-    without gradient checkpointing (+gc; TRL turns it on by default);
+    without gradient checkpointing (+gc; TRL turns it on by default), and bf16 with the
+    transparent huge pages our own process turns on (+thp; THP_MEM_ALLOC_ENABLE=1);
   - ours: `run_sft`, the loop `retrograd train` runs, from a run file (defaults otherwise);
   - the machine's bf16 matmul rate (best of 10 torch.mm 2048^3), for model FLOPs utilization;
   - whether transformers' GGUF tokenizer gives our token ids for the text.
@@ -148,7 +150,8 @@ def worker_trl(args) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     torch.set_num_threads(args.threads)
-    precision, gc = args.variant.removesuffix("+gc"), args.variant.endswith("+gc")
+    precision, *flags = args.variant.split("+")
+    gc = "gc" in flags
     path, workdir = gemma(), Path(args.workdir)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     # NOTE: transformers dequantizes a GGUF to plain float tensors but keeps a "gguf" quantizer
@@ -242,7 +245,11 @@ shuffle = false
 
 
 def worker_ours(args) -> dict:
+    # isort: off
+    import retrograd  # noqa: F401  # before torch: this process's allocator settings (its NOTE)
     import torch
+
+    # isort: on
 
     from retrograd.algorithms.persist import Sinks
     from retrograd.algorithms.sft import run_sft
@@ -292,6 +299,9 @@ def run_worker(kind: str, args, variant: str = "") -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--variant", variant, "--workdir"]
     cmd += [args.workdir, "--threads", str(args.threads), "--warmup", str(args.warmup)]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # TRL as its users run it, PyTorch's default allocator; "+thp": with the huge pages our
+    # process turns on for itself (retrograd/__init__.py)
+    env["THP_MEM_ALLOC_ENABLE"] = "1" if kind == "ours" or "thp" in variant.split("+") else "0"
     t = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -380,7 +390,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=6, help="timed steps (windows) per side")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (at least 1)")
-    p.add_argument("--trl", default="bf16+gc,bf16,f32", help="TRL variants, comma-separated")
+    p.add_argument(
+        "--trl", default="bf16+gc,bf16,f32,bf16+thp", help="TRL variants, comma-separated"
+    )
     p.add_argument("--rest", type=float, default=20.0, help="idle seconds before each side")
     p.add_argument(
         "--rounds", type=int, default=3, help="rounds of TRL's fastest variant against ours"

@@ -4,7 +4,15 @@ Public API (docs/python.md): `load` opens a model, `load_tokenizer` a vocabulary
 Importing this package imports nothing heavy; torch loads on first use.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# NOTE: PyTorch's CPU allocator backs buffers of 2 MiB and more with transparent huge pages
+# when this is set before its first allocation (it reads it once, so importing torch before
+# retrograd leaves it off). A decode step reads ~0.5 GiB of dense weights, and 4 KiB pages
+# cost it 5-10% in address translation (docs/performance.md). THP_MEM_ALLOC_ENABLE=0 opts out.
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def load(path, device="auto", dtype=None, adapter=None, threads=None, cache="auto"):
