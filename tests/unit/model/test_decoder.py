@@ -171,7 +171,7 @@ def test_fused_bf16_block_equals_unfused(tiny_model, monkeypatch, name):
     plain_loss, plain_grads = run(False, "0")
     for compiled in ("1", "0"):
         loss, grads = run(True, compiled)
-        assert abs(float(loss) - float(plain_loss)) < 0.02 * abs(float(plain_loss))
+        assert abs(loss.item() - plain_loss.item()) < 0.02 * abs(plain_loss.item())
         for a, b in zip(grads, plain_grads, strict=True):
             assert (a - b).abs().max() <= 0.05 * b.abs().max() + 1e-6
 
