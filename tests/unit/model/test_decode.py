@@ -95,3 +95,13 @@ def test_decode_graph_is_not_used_for_exact_sampling(tiny_model):
             assert not decode.applies(m.decoder, ctx, 2)  # a prefill
             ctx.fuse = False  # float32 compute
             assert not decode.applies(m.decoder, ctx, 1)
+
+
+def test_a_full_cache_is_refused_as_the_layer_by_layer_path_refuses_it(tiny_model):
+    m = retrograd.load(tiny_model("llama3"), device="cpu", dtype=torch.bfloat16)
+    cache = KVCache.empty(m.decoder.cfg, 1, 4, torch.bfloat16, m.decoder.device)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad(), fast_decode(), packed_weights():
+        m.decoder(ids, 0, cache)
+        with pytest.raises(ValueError, match="KV cache holds 4 positions, 5 requested"):
+            m.decoder(ids[:, :1], 4, cache)
