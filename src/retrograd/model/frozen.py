@@ -174,10 +174,6 @@ def packable(dtype: torch.dtype, device: torch.device, weight: FrozenTensor) -> 
     )
 
 
-def _packable(x: torch.Tensor, weight: FrozenTensor) -> bool:
-    return packable(x.dtype, x.device, weight)
-
-
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.ops.mkldnn._linear_pointwise(x2, packed, None, "none", [None], "")
@@ -227,7 +223,7 @@ def frozen_linear_group(x: torch.Tensor, weights: list[FrozenTensor]) -> list[to
     """
     grad = torch.is_grad_enabled() and x.requires_grad
     sizes = [w.shape[0] for w in weights]
-    if not grad and _packable(x, weights[0]):
+    if not grad and packable(x.dtype, x.device, weights[0]):
         packed = weights[0].cache.packed(weights, x.dtype)
         return list(_packed_linear(x, packed, sum(sizes)).split(sizes, -1))
     if x.dtype == torch.float32 or not weights[0].cache.enabled:
@@ -286,7 +282,7 @@ class _FrozenLinear(torch.autograd.Function):
 def frozen_linear(x: torch.Tensor, weight: FrozenTensor) -> torch.Tensor:
     """x (..., n_in) -> (..., n_out) in x's dtype."""
     if not torch.is_grad_enabled() or not x.requires_grad:
-        if _packable(x, weight):
+        if packable(x.dtype, x.device, weight):
             return _packed_linear(x, weight.cache.packed([weight], x.dtype), weight.shape[0])
         return _linear(x, weight.dense(x.dtype))
     return _FrozenLinear.apply(x, weight)

@@ -121,15 +121,11 @@ def token_logprobs_device(
     return picked - _tempered_logsumexp(logits, t)
 
 
+@fused(dynamic={0: (0,)})
 def greedy_device(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy rows (B, V) -> (token ids (B,) long, their log-probabilities (B,) float32): what
     `select_device` and `token_logprobs_device` give at temperature 0, in one fused kernel
     that reads the logits twice (max and argmax, then the sum) instead of four times."""
-    return _argmax_logprob(logits)
-
-
-@fused(dynamic={0: (0,)})
-def _argmax_logprob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     z = logits.float()
     top = z.amax(-1, keepdim=True)
     return z.argmax(-1), -torch.log(torch.exp(z - top).sum(-1))
