@@ -22,8 +22,8 @@ loop does, data and optimizer included). Peak RSS is ru_maxrss at the end of the
 loading included); "train peak" is the high-water mark since training began (Linux VmHWM, reset
 through /proc/self/clear_refs). The first round runs every TRL variant and ours; each later
 round runs TRL's fastest variant as it ships (+thp aside) and ours again, back to back, and the
-speed goal reads the median of the rounds' ratios (the machine's speed drifts over minutes). Results go to
-docs/performance.md by hand, with this command.
+speed goal reads the median of the rounds' ratios (the machine's speed drifts over minutes).
+Results go to docs/performance.md by hand, with this command.
 """
 
 from __future__ import annotations

@@ -74,12 +74,18 @@ def fast_decode_on() -> bool:
     return _FAST_DECODE.get()
 
 
+def last_query_mask(mask: torch.Tensor, B: int) -> torch.Tensor:
+    """The last query's row of a (T, S) or (B, 1, T, S) mask as (B, S): a decode step's."""
+    m = mask[..., -1, :]  # (S,) or (B, 1, S)
+    S = m.shape[-1]
+    return m.expand(B, S) if m.dim() == 1 else m.reshape(B, S)
+
+
 def _decode_step(q, k, v, mask, scale) -> torch.Tensor:
     """q (B, H, 1, D) against k, v (B, H_kv, S, D) -> (B, H, 1, D)."""
     B, H, _, D = q.shape
-    H_kv, S = k.shape[1], k.shape[2]
-    m = mask[..., -1, :]  # (S,) or (B, 1, S): the last query's row
-    m = m.expand(B, S) if m.dim() == 1 else m.reshape(B, S)
+    H_kv = k.shape[1]
+    m = last_query_mask(mask, B)
     o = _decode_kernel(q.reshape(B, H_kv, H // H_kv, D), k, v, m, scale)
     return o.view(B, H, 1, D)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from retrograd.compiled import compile_enabled, fused
-from retrograd.model.attention import fast_decode_on
+from retrograd.model.attention import fast_decode_on, last_query_mask
 from retrograd.model.frozen import lower_packed_linear, packable, packed_linear_op
 from retrograd.model.layers import rms_norm
 from retrograd.model.rope import apply_rope
@@ -51,14 +51,9 @@ def decode_layers(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
     S = ctx.start + 1
     if S > ctx.cache.capacity:  # as KVCache.update says it
         raise ValueError(f"KV cache holds {ctx.cache.capacity} positions, {S} requested")
-    masks, ropes = [], []
+    masks, ropes = [], []  # global, then sliding window
     for mask, (cos, sin) in ((ctx.mask, ctx.rope), (ctx.mask_swa, ctx.rope_swa)):
-        if mask is None:  # (B, 1, 1, S), (1, S) or None
-            mask = torch.ones(B, S, dtype=torch.bool, device=x.device)
-        else:
-            mask = mask[..., -1, :]
-            mask = mask.expand(B, S) if mask.dim() == 1 else mask.reshape(B, S)
-        masks.append(mask)  # (B, S)
+        masks.append(last_query_mask(mask, B))  # start > 0: the context always has a mask
         # (B, 1, n_rot/2) or (1, n_rot/2) -> (B, 1, n_rot/2)
         ropes.append((cos.expand(B, 1, cos.shape[-1]), sin.expand(B, 1, sin.shape[-1])))
     consts = (
