@@ -5,6 +5,11 @@ target, predicted from ids[:i]. Text files become one stream cut into windows of
 that overlap by one token, so every token after the first is predicted exactly once. Chat and
 tool records train only what the model writes (the tokenizer layer decides which tokens).
 
+Files are read as strict UTF-8 (a leading byte-order mark is dropped); a bad byte is an error
+naming its line. JSONL records end at "\n" only, never at the other characters Unicode calls
+line breaks, which JSON strings may hold. An empty or all-whitespace text file is an error,
+not windows of whitespace.
+
 Decision (open in the spec): a record longer than ctx is truncated to its first ctx tokens,
 like TRL's max_length; records left with no trained token are dropped. Both are counted and
 reported. Knows tokenizers and chat formats, not models.
@@ -12,8 +17,10 @@ reported. Knows tokenizers and chat formats, not models.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +31,7 @@ from retrograd.tokenizer.records import validate_record
 
 TEXT_EXTENSIONS = (".txt", ".md")
 JSONL_EXTENSIONS = (".jsonl", ".json")
+BOM = codecs.BOM_UTF8  # a byte-order mark some editors write first; never trained on
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,11 @@ def infer_format(path: Path, given: str | None = None) -> str:
         return "jsonl"
     if suffix in TEXT_EXTENSIONS:
         return "text"
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open(path, "rb") as f:  # bytes: a sniff must not fail on a bad byte further on
+        for n, line in enumerate(f):
+            line = line.removeprefix(BOM) if n == 0 else line
             if line.strip():
-                return "jsonl" if line.lstrip().startswith("{") else "text"
+                return "jsonl" if line.lstrip().startswith(b"{") else "text"
     return "text"
 
 
@@ -111,9 +120,13 @@ def load_sft_data(
 
 def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise DataError(f"{path.name}:{line}: not valid UTF-8 (byte {column})") from None
+    if not text.strip():
+        raise DataError(f"{path}: no text to train on")
     ids = tokenizer.tokenize(text, add_bos=True, parse_special=False)
     out = []
     for n, start in enumerate(range(0, max(1, len(ids) - 1), ctx - 1)):
@@ -123,12 +136,36 @@ def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
     return out
 
 
+def jsonl_lines(path: Path, raw: bytes) -> Iterator[tuple[str, str]]:
+    """(place "file.jsonl:LINE", text) of each non-blank line of a JSONL file.
+
+    NOTE: records end at b"\n" only (a trailing "\r" is dropped). str.splitlines() would also
+    cut at U+2028, U+2029, \x85, \x0c and others, which JSON allows unescaped inside strings.
+    Each line is decoded on its own, strictly: a bad byte is an error naming its line, never
+    a replacement character trained on.
+    """
+    if raw.removeprefix(BOM).lstrip()[:1] == b"[":
+        out = f"{path.stem}{'-lines' if path.suffix == '.jsonl' else ''}.jsonl"
+        raise DataError(
+            f"{path}: a JSON array; JSONL is one JSON object per line "
+            f"(convert it with: jq -c '.[]' {path.name} > {out})"
+        )
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        where = f"{path.name}:{lineno}"
+        line = line.removesuffix(b"\r")
+        if lineno == 1:
+            line = line.removeprefix(BOM)
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where}: not valid UTF-8 (byte {e.start + 1})") from None
+        if text.strip():
+            yield where, text
+
+
 def _jsonl(path: Path, raw: bytes, chat, ctx: int) -> tuple[list[Example], int, int, int]:
     examples, rows, truncated, dropped = [], 0, 0, 0
-    for lineno, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path.name}:{lineno}"
+    for where, line in jsonl_lines(path, raw):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:

@@ -111,6 +111,84 @@ def test_missing_file_and_empty_data(tiny_model, tmp_path):
     tok = retrograd.load_tokenizer(tiny_model("llama"))
     with pytest.raises(DataError, match="no such data file"):
         load_sft_data(tmp_path / "absent.txt", tok, ctx=16)
-    (tmp_path / "e.txt").write_text("")
-    with pytest.raises(DataError, match="no example to train on"):
-        load_sft_data(tmp_path / "e.txt", tok, ctx=16)
+    for name, body in [("e.txt", ""), ("w.txt", " \n\t\r\n  \n"), ("b.md", "\ufeff\n")]:
+        (tmp_path / name).write_text(body, encoding="utf-8")
+        with pytest.raises(DataError, match=f"{name}: no text to train on"):
+            load_sft_data(tmp_path / name, tok, ctx=16)
+
+
+# JSON allows these unescaped inside a string; str.splitlines() cuts a line at each of them
+# (it also cuts at \x0b, \x0c and \x1c-\x1e, which JSON strings hold only escaped).
+LINE_BREAKS_IN_STRINGS = ["\u2028", "\u2029", "\x85"]
+
+
+def test_jsonl_records_end_at_newline_only(gemma_chat, tmp_path):
+    tok, fmt = gemma_chat
+    answers = [f"one{c}two" for c in LINE_BREAKS_IN_STRINGS]
+    # ensure_ascii=False writes each character as itself; CRLF line ends.
+    lines = [json.dumps({"messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": a}]},
+        ensure_ascii=False) for a in answers]  # fmt: skip
+    assert all(c in line for c, line in zip(LINE_BREAKS_IN_STRINGS, lines, strict=True))
+    p = tmp_path / "c.jsonl"
+    p.write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    ds = load_sft_data(p, tok, ctx=64, chat=fmt)
+    assert [e.where for e in ds.examples] == [f"c.jsonl:{i + 1}" for i in range(len(answers))]
+    for ex, answer in zip(ds.examples, answers, strict=True):
+        trained = tok.detokenize([t for t, m in zip(ex.ids, ex.mask, strict=True) if m])
+        assert trained.startswith(answer), (trained, answer)
+
+
+def test_jsonl_line_numbers_count_newlines_only(gemma_chat, tmp_path):
+    tok, fmt = gemma_chat
+    good = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "a\u2028b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        },
+        ensure_ascii=False,
+    )
+    p = tmp_path / "c.jsonl"
+    p.write_text(good + "\n" + good + "\n{oops\n", encoding="utf-8")
+    with pytest.raises(DataError, match="c.jsonl:3: invalid JSON"):
+        load_sft_data(p, tok, ctx=64, chat=fmt)
+
+
+def test_invalid_utf8_names_file_line_and_byte(gemma_chat, tiny_model, tmp_path):
+    tok, fmt = gemma_chat
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(chat("Hi", "Hello").encode() + b"\n" + b'{"messages": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"^c.jsonl:2: not valid UTF-8 \(byte 18\)$"):
+        load_sft_data(p, tok, ctx=64, chat=fmt)
+    t = tmp_path / "t.txt"
+    t.write_bytes(b"first line\nsecond \xff line\n")
+    with pytest.raises(DataError, match=r"^t.txt:2: not valid UTF-8 \(byte 8\)$"):
+        load_sft_data(t, retrograd.load_tokenizer(tiny_model("llama")), ctx=16)
+
+
+def test_byte_order_mark_is_not_data(gemma_chat, tiny_model, tmp_path):
+    tok, fmt = gemma_chat
+    p = tmp_path / "c.data"  # no known extension: the sniff must see past the mark too
+    p.write_bytes(b"\xef\xbb\xbf" + chat("Hi", "Hello").encode() + b"\n")
+    assert infer_format(p) == "jsonl"
+    assert len(load_sft_data(p, tok, ctx=64, chat=fmt).examples) == 1
+    llama = retrograd.load_tokenizer(tiny_model("llama"))
+    t = tmp_path / "t.txt"
+    t.write_bytes(b"\xef\xbb\xbfthe cat sat")
+    ids = load_sft_data(t, llama, ctx=64).examples[0].ids
+    assert list(ids) == llama.tokenize("the cat sat", add_bos=True)
+
+
+@pytest.mark.parametrize("name, out", [("d.json", "d.jsonl"), ("d.jsonl", "d-lines.jsonl")])
+def test_json_array_gets_the_jsonl_hint(gemma_chat, tmp_path, name, out):
+    tok, fmt = gemma_chat
+    p = tmp_path / name
+    p.write_text("  [\n" + chat("Hi", "Hello") + ",\n" + chat("Bye", "See you") + "\n]\n")
+    with pytest.raises(DataError) as e:
+        load_sft_data(p, tok, ctx=64, chat=fmt)
+    assert str(e.value) == (
+        f"{p}: a JSON array; JSONL is one JSON object per line "
+        f"(convert it with: jq -c '.[]' {name} > {out})"
+    )
