@@ -1,8 +1,8 @@
 """The key tables of docs/configuration.md, generated from the section models.
 
 `python -m retrograd.config.docs docs/configuration.md` rewrites the part of the page between
-the two markers; a test checks the page is in sync. The prose around the tables is written by
-hand.
+the two markers; a test checks the page is in sync. The "At run time" column comes from
+`availability.py`. The prose around the tables is written by hand.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from retrograd.config.availability import availability
 from retrograd.config.document import RunConfig
 from retrograd.config.report import _models, _tag_of, _unwrap, toml_value
 
@@ -27,19 +30,47 @@ END = "<!-- END GENERATED KEY TABLES -->"
 def key_tables() -> str:
     """Markdown: one table per TOML table, in file order, nested tables after their parent."""
     parts: list[str] = []
-    for name, field in RunConfig.model_fields.items():
-        _tables(name, field.annotation, field.description or "", parts)
+    for table in toml_tables():
+        heading = f"[[{table.name}]]" if table.array else f"[{table.name}]"
+        parts.append(f"### `{heading}`{table.variant}\n")
+        parts.append(f"{_prose(table.model.__doc__ or table.about)}\n")
+        _rows(table.name, table.model, parts)
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _tables(name: str, annotation: Any, about: str, parts: list[str], array: bool = False) -> None:
+def documented_keys() -> list[tuple[str, str]]:
+    """(table, key) of every key the tables list, e.g. ("grpo.judge", "timeout_secs")."""
+    return [
+        (table.name, key)
+        for table in toml_tables()
+        for key, field in table.model.model_fields.items()
+        if not _holds_tables(field.annotation)
+    ]
+
+
+@dataclass(frozen=True)
+class TomlTable:
+    name: str  # dotted, e.g. "agent.environment.tools.toolset.NAME"
+    model: type[BaseModel]
+    about: str  # the parent's description of the field, when the model has no docstring
+    variant: str = ""  # ' with type = "ruler"' for one member of a tagged union
+    array: bool = False  # [[name]]
+
+
+def toml_tables() -> Iterator[TomlTable]:
+    """Every TOML table of a run file, in file order, nested tables after their parent."""
+    for name, field in RunConfig.model_fields.items():
+        yield from _tables(name, field.annotation, field.description or "")
+
+
+def _tables(name: str, annotation: Any, about: str, array: bool = False) -> Iterator[TomlTable]:
     inner = _unwrap(annotation)
     origin = typing.get_origin(inner)
     if origin is list:
-        _tables(name, typing.get_args(inner)[0], about, parts, array=True)
+        yield from _tables(name, typing.get_args(inner)[0], about, array=True)
         return
     if origin is dict:
-        _tables(f"{name}.NAME", typing.get_args(inner)[1], about, parts)
+        yield from _tables(f"{name}.NAME", typing.get_args(inner)[1], about)
         return
     models = _models(inner)
     for model in models:
@@ -47,13 +78,10 @@ def _tables(name: str, annotation: Any, about: str, parts: list[str], array: boo
         if len(models) > 1:
             tag = "type" if "type" in model.model_fields else "mode"
             variant = f' with {tag} = "{_tag_of(model)}"'
-        heading = f"[[{name}]]" if array else f"[{name}]"
-        parts.append(f"### `{heading}`{variant}\n")
-        parts.append(f"{_prose(model.__doc__ or about)}\n")
-        _rows(model, parts)
+        yield TomlTable(name, model, about, variant, array)
         for key_name, field in model.model_fields.items():
             if _holds_tables(field.annotation):
-                _tables(f"{name}.{key_name}", field.annotation, field.description or "", parts)
+                yield from _tables(f"{name}.{key_name}", field.annotation, field.description or "")
 
 
 def _holds_tables(annotation: Any) -> bool:
@@ -63,14 +91,18 @@ def _holds_tables(annotation: Any) -> bool:
     return bool(_models(inner))
 
 
-def _rows(model: type[BaseModel], parts: list[str]) -> None:
-    rows = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
+def _rows(table: str, model: type[BaseModel], parts: list[str]) -> None:
+    rows = [
+        "| Key | Type | Default | Description | At run time |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for key_name, field in model.model_fields.items():
         if _holds_tables(field.annotation):
             continue  # a nested table, documented under its own heading
         rows.append(
             f"| `{key_name}` | {_type_text(field.annotation)} | {_default_text(field)} "
-            f"| {_prose(field.description or '')} |"
+            f"| {_prose(field.description or '')} "
+            f"| {_cell(availability(table, key_name).column)} |"
         )
     parts.append("\n".join(rows) + "\n")
 
@@ -78,7 +110,10 @@ def _rows(model: type[BaseModel], parts: list[str]) -> None:
 def _prose(text: str) -> str:
     """Docstring or description as table-safe markdown, without the `[table]: ` lead-in."""
     text = re.sub(r"^(\[[^\]]+\]|type = \"\w+\")(\s*/\s*\[[^\]]+\])*: ", "", text.strip())
-    text = text[0].upper() + text[1:] if text else text
+    return _cell(text[0].upper() + text[1:] if text else text)
+
+
+def _cell(text: str) -> str:
     return text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -3,11 +3,12 @@
 Everything wrong with a file is collected and raised once, as a ConfigError with one line per
 problem. Paths in the file resolve against the file's directory; --model, --device and --resume
 come from the command line (paths against the current directory). Nothing here opens a model:
-checks that need its tensors are in `selectors.py`.
+checks that need its tensors are in `selectors.py`. `load_run` also applies [run].verbose.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from functools import cache
@@ -24,10 +25,13 @@ from retrograd.config.document import (
     RunConfig,
 )
 from retrograd.config.report import Issue, issues_from_pydantic, suggest
+from retrograd.config.resolved import resolved_lines
 from retrograd.config.rules import Draft, issue, run_rules
 from retrograd.config.rules_train import OUTPUT_KINDS
 from retrograd.config.training import GefenSection, MuonSection, OptimizerSection
 from retrograd.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Sections that always exist after loading, with their defaults when the file leaves them out.
 DEFAULT_SECTIONS = {"model": ModelSection, "training": None, "optimizer": OptimizerSection}
@@ -44,6 +48,8 @@ def load_run(
 
     `model` and `device` override [model] (a relative `model` resolves against the current
     directory); a truthy `resume` (train --resume) is checked against lora.init_adapter.
+    [run].verbose is applied here: the `retrograd` logger writes to stderr while the last run
+    file loaded says verbose = true (observe/log.py), starting with the resolved run.
     """
     path = Path(path)
     source = str(path)
@@ -54,7 +60,7 @@ def load_run(
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{source}: cannot read the run file: {error}") from None
     data = parse_toml(text, source)
-    return validate_run(
+    config = validate_run(
         data,
         source=source,
         base_dir=path.resolve().parent,
@@ -62,6 +68,27 @@ def load_run(
         device=device,
         resume=resume,
     )
+    _apply_verbose(config, data, source, model=model, device=device)
+    return config
+
+
+def _apply_verbose(
+    config: RunConfig, data: dict[str, Any], source: str, *, model: Any, device: Any
+) -> None:
+    """[run].verbose: turn the `retrograd` logger's stderr lines on (or back off), then log
+    the resolved run. Here rather than in each command, so that every command that reads a
+    run file honours the key; validate_run alone (the server checking a document) does not."""
+    from retrograd.observe.log import configure_logging
+
+    configure_logging(config.run.verbose)
+    if not config.run.verbose:
+        return
+    flags = {"model.path": "--model", "model.device": "--device"}
+    given = {"model.path": model, "model.device": device}
+    overrides = {key: flag for key, flag in flags.items() if given[key] is not None}
+    log.info("%s: the resolved run, key by key (origin in parentheses)", source)
+    for line in resolved_lines(config, data, overrides):
+        log.info("%s", line)
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A rule reads sections through `Draft.get`; when a section it needs failed its own validation,
 the rule is skipped (its verdict would be noise), so one broken key does not hide the other
 rules' findings. Rules are plain generator functions registered with `@rule`; the rules
-themselves live in rules_train.py, rules_algorithms.py and rules_agent.py.
+themselves live in rules_train.py, rules_algorithms.py and rules_agent.py, and the refusal of
+what this version cannot honour in availability.py.
 """
 
 from __future__ import annotations
@@ -78,7 +79,12 @@ def set_value(section: Any, name: str) -> Any:
 
 def run_rules(draft: Draft) -> list[Issue]:
     # Imported for their @rule registrations.
-    from retrograd.config import rules_agent, rules_algorithms, rules_train  # noqa: F401
+    from retrograd.config import (  # noqa: F401
+        availability,
+        rules_agent,
+        rules_algorithms,
+        rules_train,
+    )
 
     found: list[Issue] = []
     for check in RULES:

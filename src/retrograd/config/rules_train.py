@@ -160,13 +160,57 @@ def generation_keys(d: Draft) -> Iterator[Issue]:
             "read only by grpo, agent_grpo and preference runs; remove it",
             t.shared_prefix_fanout,
         )
-    if not t.gradient_checkpointing and t.checkpoint_dtype != "f32":
+
+
+# Keys read only when another key turns their feature on: (key, the switch, its wording).
+# A value other than the default without the switch would be silently ignored, so it is refused.
+SWITCHED_KEYS = (
+    ("checkpoint_every_n_layers", "gradient_checkpointing", "gradient_checkpointing = true"),
+    ("checkpoint_dtype", "gradient_checkpointing", "gradient_checkpointing = true"),
+    ("chunked_ce_tiles", "chunked_cross_entropy", "chunked_cross_entropy = true"),
+    ("chunked_ce_seq_chunk", "chunked_cross_entropy", "chunked_cross_entropy = true"),
+)
+# Muon's own keys act on 2-D base matrices; an adapter's factors all go to its AdamW fallback.
+MUON_MATRIX_KEYS = ("momentum", "nesterov", "ns_steps", "ns_epsilon")
+
+
+def _changed(section, name: str) -> bool:
+    """True when the key holds a value other than its default (a default is never refused)."""
+    return getattr(section, name) != type(section).model_fields[name].default
+
+
+@rule
+def switched_keys(d: Draft) -> Iterator[Issue]:
+    t = d.get("training")
+    for name, switch, wording in SWITCHED_KEYS:
+        if not getattr(t, switch) and _changed(t, name):
+            yield issue("training", name, f"needs {wording}", getattr(t, name))
+
+
+@rule
+def base_weight_keys(d: Draft) -> Iterator[Issue]:
+    """Keys that act on trained base weights, refused where only an adapter trains."""
+    t, mode = d.get("training"), d.mode
+    if mode == "lora" and _changed(t, "master_weights"):
         yield issue(
             "training",
-            "checkpoint_dtype",
-            "needs gradient_checkpointing = true",
-            t.checkpoint_dtype,
+            "master_weights",
+            'applies to trained f16/bf16 base weights; training.trainable = "lora" trains '
+            "f32 adapter factors only, remove it",
+            t.master_weights,
         )
+    muon = d.get("optimizer").muon
+    if muon is None or mode not in ADAPTER_MODES:
+        return
+    for name in MUON_MATRIX_KEYS:
+        if _changed(muon, name):
+            yield issue(
+                "optimizer.muon",
+                name,
+                f'Muon updates no matrix when training.trainable = "{mode}": every adapter '
+                "factor goes to AdamW at fallback_learning_rate; remove it",
+                getattr(muon, name),
+            )
 
 
 @rule
@@ -180,7 +224,9 @@ def optimizer_tables(d: Draft) -> Iterator[Issue]:
                 f'read only with training.optimizer = "{name}", not "{t.optimizer}"; remove it',
             )
     lora = d.get("lora")
-    if t.optimizer in ("muon", "gefen") and d.mode in ADAPTER_MODES and lora is not None:
+    # NOTE: gefen for an adapter is refused as unavailable (availability.py); its f32 rule
+    # would only repeat that refusal, so it joins this one when gefen trains adapters.
+    if t.optimizer == "muon" and d.mode in ADAPTER_MODES and lora is not None:
         if lora.dtype != "f32":
             yield issue(
                 "lora",

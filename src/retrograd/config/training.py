@@ -99,7 +99,7 @@ class TrainingSection(Section):
         "f32", "Type of stored activations; other than f32 needs gradient_checkpointing."
     )
     chunked_cross_entropy: bool = key(
-        True, "Compute the loss in vocabulary tiles to save memory (rollout algorithms)."
+        True, "Compute the loss in vocabulary tiles to save memory (sft and rollout algorithms)."
     )
     chunked_ce_tiles: int = key(8, "Number of vocabulary tiles.", ge=1)
     chunked_ce_seq_chunk: int = key(

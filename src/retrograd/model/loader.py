@@ -7,7 +7,9 @@ print it.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -41,6 +43,8 @@ NORMS = (
     "post_ffw_norm",
 )
 CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> 
 def build_decoder(
     g: GGUFFile, device: torch.device, dtype: torch.dtype, cache_mode: str = "auto"
 ) -> tuple[Decoder, LoadReport]:
+    started = time.perf_counter()
     for info in g.tensors.values():
         check_supported(info.ggml_type, where=f"{g.path.name}: tensor {info.name}")
     cfg = ModelConfig.from_gguf(g)
@@ -131,7 +136,31 @@ def build_decoder(
     )
     decoder.set_compute_dtype(dtype)
     report = LoadReport(device, dtype, g.n_bytes, dense_bytes, cache_on, reason)
+    _log_decisions(g, cfg, report, time.perf_counter() - started)
     return decoder, report
+
+
+def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: LoadReport, seconds: float) -> None:
+    """[run].verbose: what the loader chose, and how long building the decoder took."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    where = report.device.type
+    if where == "cuda":
+        where += f" ({torch.cuda.get_device_name(report.device)})"
+    log.info("%s: %s", g.path.name, report.describe())
+    log.info(
+        "device %s; cpu threads %d intra-op, %d inter-op",
+        where,
+        torch.get_num_threads(),
+        torch.get_num_interop_threads(),
+    )
+    log.info(
+        "decoder built in %.2f s: %s, %d layers, %d tensors",
+        seconds,
+        cfg.name,
+        cfg.n_layer,
+        len(g.tensors),
+    )
 
 
 def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:

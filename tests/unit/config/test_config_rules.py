@@ -92,8 +92,8 @@ CASES = [
     ),
     (
         "gefen reads only its own table",
-        run_doc(training={"optimizer": "gefen"}, lora={"dtype": "f32"}, optimizer={"gefen": {}}),
-        run_doc(training={"optimizer": "gefen"}, lora={"dtype": "f32"}, optimizer={"muon": {}}),
+        run_doc(lora=None, training=FULL | {"optimizer": "gefen"}, optimizer={"gefen": {}}),
+        run_doc(lora=None, training=FULL | {"optimizer": "gefen"}, optimizer={"muon": {}}),
         'run.toml: [optimizer.muon]: read only with training.optimizer = "muon", not "gefen"',
     ),
     (
@@ -488,13 +488,13 @@ CASES = [
     (
         "gefen block size power of two",
         run_doc(
-            training={"optimizer": "gefen"},
-            lora={"dtype": "f32"},
+            lora=None,
+            training=FULL | {"optimizer": "gefen"},
             optimizer={"gefen": {"block_size": 512}},
         ),
         run_doc(
-            training={"optimizer": "gefen"},
-            lora={"dtype": "f32"},
+            lora=None,
+            training=FULL | {"optimizer": "gefen"},
             optimizer={"gefen": {"block_size": 1000}},
         ),
         "run.toml: [optimizer.gefen].block_size = 1000: must be a power of two",

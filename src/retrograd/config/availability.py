@@ -1,0 +1,252 @@
+"""What this version does with each key of the run file at run time: the "At run time" column.
+
+Every key of the configuration reference validates, but not every key has its code yet. Each
+key is one of:
+- honoured: the commands that read it (train, bench, chat, serve) do what it says;
+- read elsewhere: no effect on an sft run, honoured by the commands named (chat, serve);
+- not read: a rule refuses it where the run would ignore it (a generation key in an sft run,
+  a Muon matrix key with an adapter) and says what to do instead;
+- unavailable: a value this version cannot honour, refused when the file is loaded, naming
+  the key and what to do instead (a default value is never refused);
+- later: a key of an algorithm or trainable mode that validates but does not train yet;
+  `retrograd train` refuses the algorithm or the mode itself.
+
+`ENTRIES` holds the column for every key (or whole table, under "*"); `docs.py` prints it and
+tests/unit/config/test_config_availability.py checks it against `validate_run`. The rule that
+refuses unavailable values is here too, so that the table and the refusal cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from retrograd.config.report import Issue
+from retrograd.config.rules import Draft, issue, rule
+
+HONOURED = "honoured"
+ELSEWHERE = "elsewhere"
+NOT_READ = "not read"
+UNAVAILABLE = "unavailable"
+LATER = "later"
+KINDS = (HONOURED, ELSEWHERE, NOT_READ, UNAVAILABLE, LATER)
+
+
+@dataclass(frozen=True)
+class Availability:
+    kind: str  # one of KINDS
+    column: str  # the cell of docs/configuration.md's "At run time" column
+
+
+def _entry(kind: str, column: str = "") -> Availability:
+    return Availability(kind, column or kind)
+
+
+YES = _entry(HONOURED)
+# Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
+_LATER_ALGORITHM = {
+    name: _entry(LATER, f"with {name}: `train` refuses {name} until its loop lands")
+    for name in ("ppo", "grpo", "distill", "preference", "agent")
+}
+_LATER_ALGORITHM["agent"] = _entry(
+    LATER, "with agent_grpo: `train` refuses agent_grpo until its loop lands"
+)
+_ROLLOUTS_ONLY = "refused for sft; {} read it, refused by `train` until they land"
+
+# (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
+ENTRIES: dict[tuple[str, str], Availability] = {
+    ("run", "algorithm"): _entry(
+        HONOURED, "sft trains; `train` refuses the other algorithms until their loops land"
+    ),
+    ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
+    ("model", "path"): YES,
+    ("model", "device"): YES,
+    ("output", "path"): YES,
+    ("output", "kind"): _entry(
+        HONOURED,
+        "adapter honoured; trainable and model belong to full, partial and hybrid, which "
+        "`train` refuses until they land",
+    ),
+    ("lora", "rank"): YES,
+    ("lora", "alpha"): YES,
+    ("lora", "seed"): YES,
+    ("lora", "targets"): YES,
+    ("lora", "dtype"): _entry(
+        HONOURED, "honoured: the exported adapter's type (the factors train in f32)"
+    ),
+    ("lora", "init_adapter"): YES,
+    ("trainable", "*"): _entry(
+        LATER, "with partial or hybrid: `train` refuses those modes until they land"
+    ),
+    ("training", "trainable"): _entry(
+        HONOURED, "lora honoured; `train` refuses full, partial and hybrid until they land"
+    ),
+    ("training", "optimizer"): _entry(
+        HONOURED,
+        "adamw, sgd and muon honoured; gefen refused for an adapter (not available in this "
+        "version)",
+    ),
+    **{
+        ("training", name): YES
+        for name in (
+            "lr_scheduler",
+            "warmup_steps",
+            "weight_decay",
+            "max_grad_norm",
+            "epochs",
+            "ctx",
+            "micro_batch",
+            "gradient_accumulation",
+            "gradient_checkpointing",
+            "chunked_cross_entropy",
+        )
+    },
+    ("training", "lr"): _entry(
+        HONOURED,
+        "honoured; with muon an adapter trains at [optimizer.muon].fallback_learning_rate instead",
+    ),
+    ("training", "threads"): _entry(
+        HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"
+    ),
+    ("training", "generation_concurrency"): _entry(
+        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and distill")
+    ),
+    ("training", "generation_batch"): _entry(
+        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and distill")
+    ),
+    ("training", "shared_prefix_fanout"): _entry(
+        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and preference")
+    ),
+    ("training", "fast_sampling_context"): _entry(
+        ELSEWHERE, "read by chat and serve; an sft run samples nothing"
+    ),
+    ("training", "kv_dtype"): _entry(
+        HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
+    ),
+    ("training", "checkpoint_every_n_layers"): _entry(
+        NOT_READ, "honoured; refused without gradient_checkpointing"
+    ),
+    ("training", "checkpoint_dtype"): _entry(
+        NOT_READ, "honoured; refused without gradient_checkpointing"
+    ),
+    ("training", "chunked_ce_tiles"): _entry(
+        NOT_READ, "honoured; refused with chunked_cross_entropy = false"
+    ),
+    ("training", "chunked_ce_seq_chunk"): _entry(
+        NOT_READ, "honoured; refused with chunked_cross_entropy = false"
+    ),
+    ("training", "master_weights"): _entry(
+        NOT_READ,
+        "refused with lora (no base weight trains); full, partial and hybrid read it, "
+        "refused by `train` until they land",
+    ),
+    ("training", "require_gpu_resident"): _entry(
+        HONOURED, "honoured on a GPU: the start-up audit stops the run"
+    ),
+    ("training", "max_gpu_duty_cycle"): _entry(
+        UNAVAILABLE, "below 1.0 refused: not available in this version"
+    ),
+    ("optimizer.muon", "*"): _entry(
+        NOT_READ,
+        "refused with an adapter (Muon updates none of its factors); full and partial read it, "
+        "refused by `train` until they land",
+    ),
+    ("optimizer.muon", "fallback_learning_rate"): _entry(
+        HONOURED, "honoured: the AdamW rate of an adapter's factors"
+    ),
+    ("optimizer.gefen", "*"): _entry(
+        UNAVAILABLE,
+        "gefen is refused for an adapter (not available in this version); full and partial "
+        "are refused by `train` until they land",
+    ),
+    ("evaluation", "data"): YES,
+    ("evaluation", "every_iterations"): YES,
+    ("evaluation", "max_examples"): _entry(
+        NOT_READ, _ROLLOUTS_ONLY.format("ppo, grpo, agent_grpo and on-policy distill")
+    ),
+    ("evaluation", "patience"): YES,
+    ("evaluation", "min_delta"): YES,
+    ("checkpoint", "*"): YES,
+    ("metrics", "*"): YES,
+    ("observe", "*"): _entry(NOT_READ, _ROLLOUTS_ONLY.format("ppo, grpo and agent_grpo")),
+    ("reference", "*"): _entry(
+        NOT_READ,
+        _ROLLOUTS_ONLY.format("KL penalties and dpo/ipo (grpo, agent_grpo, distill, preference)"),
+    ),
+    ("sft", "*"): YES,
+    **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
+    ("agent.collect_api", "*"): _entry(
+        LATER,
+        "for `retrograd collect --api`, not in this version; `train` ignores it (and refuses "
+        "agent_grpo until its loop lands)",
+    ),
+    ("agent.scenario_generation", "*"): _entry(
+        LATER,
+        "for `retrograd scenarios generate`, not in this version; `train` ignores it (and "
+        "refuses agent_grpo until its loop lands)",
+    ),
+}
+
+
+def availability(table: str, key: str) -> Availability:
+    """The entry of `[table].key`: its own, else its table's, else an enclosing table's."""
+    return ENTRIES[entry_key(table, key)]
+
+
+def entry_key(table: str, key: str) -> tuple[str, str]:
+    """The key of ENTRIES that holds `[table].key`'s entry."""
+    if (table, key) in ENTRIES:
+        return table, key
+    parts = table.split(".")
+    while parts:
+        if (".".join(parts), "*") in ENTRIES:
+            return ".".join(parts), "*"
+        parts.pop()
+    raise KeyError(f"[{table}].{key}: no entry in config/availability.py; add one")
+
+
+# -- values this version refuses -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A value of a key this version cannot honour, and what to do instead."""
+
+    table: str
+    key: str
+    refused: Callable[[Draft, Any], bool]  # (draft, value) -> refused
+    instead: str
+
+
+UNAVAILABLE_VALUES = (
+    Unavailable(
+        "training",
+        "max_gpu_duty_cycle",
+        lambda d, value: value < 1.0,
+        "the GPU is never paused; leave it out, or cap the device with its own tools "
+        "(nvidia-smi power limits, MIG)",
+    ),
+    Unavailable(
+        "training",
+        "optimizer",
+        lambda d, value: value == "gefen" and d.mode in ("lora", "hybrid"),
+        "adapters train with adamw, sgd or muon",
+    ),
+)
+
+
+@rule
+def unavailable_values(d: Draft) -> Iterator[Issue]:
+    for item in UNAVAILABLE_VALUES:
+        section = d.get(item.table)
+        if section is None:
+            continue
+        value = getattr(section, item.key)
+        if item.refused(d, value):
+            yield issue(
+                item.table,
+                item.key,
+                f"not available in this version ({item.instead})",
+                value,
+            )
