@@ -24,6 +24,7 @@ from typing import Any
 
 from retrograd.config.report import Issue
 from retrograd.config.rules import Draft, issue, rule
+from retrograd.config.rules_train import SWITCHED_KEYS
 
 HONOURED = "honoured"
 ELSEWHERE = "elsewhere"
@@ -124,18 +125,10 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "kv_dtype"): _entry(
         HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
     ),
-    ("training", "checkpoint_every_n_layers"): _entry(
-        NOT_READ, "honoured; refused without gradient_checkpointing"
-    ),
-    ("training", "checkpoint_dtype"): _entry(
-        NOT_READ, "honoured; refused without gradient_checkpointing"
-    ),
-    ("training", "chunked_ce_tiles"): _entry(
-        NOT_READ, "honoured; refused with chunked_cross_entropy = false"
-    ),
-    ("training", "chunked_ce_seq_chunk"): _entry(
-        NOT_READ, "honoured; refused with chunked_cross_entropy = false"
-    ),
+    **{
+        ("training", name): _entry(NOT_READ, f"honoured; other than the default, needs {switch}")
+        for name, _, switch in SWITCHED_KEYS
+    },
     ("training", "master_weights"): _entry(
         NOT_READ,
         "refused with lora (no base weight trains); full, partial and hybrid read it, "
