@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -82,7 +83,13 @@ def fused(fn: F | None = None, *, dynamic: dict[int, tuple[int, ...]] | None = N
                 for d in dims:
                     torch._dynamo.maybe_mark_dynamic(args[i], d)
         try:
-            return compiled(*args, **kwargs)
+            if "compiled" in state:
+                return compiled(*args, **kwargs)
+            t0 = time.perf_counter()
+            out = compiled(*args, **kwargs)
+            state["compiled"] = None
+            log.debug("compiled %s in %.2f s (first call)", fn.__name__, time.perf_counter() - t0)
+            return out
         except Exception as exc:  # no compiler, an unsupported device: eager from now on
             state["fn"] = None
             log.warning("torch.compile unavailable for %s (%s); running eagerly", fn.__name__, exc)

@@ -37,3 +37,7 @@ class DeviceError(RetrogradError):
 
 class CheckpointError(RetrogradError):
     """A checkpoint is missing, incomplete, corrupt, or of another format version."""
+
+
+class TrainingError(RetrogradError):
+    """Training cannot go on (a non-finite loss or gradient); the message names the step."""

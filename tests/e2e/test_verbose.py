@@ -68,6 +68,10 @@ def test_verbose_lines_with_verbose_and_none_without(tiny_model, tmp_path, capsy
     assert re.search(r"model\.loader: device cpu; cpu threads \d+ intra-op", err), err
     assert re.search(r"model\.loader: decoder built in \d+\.\d\d s: llama, 2 layers", err), err
     assert "dequantized-weight cache" in err
+    # the loop's own lines: model and data timing, every step
+    assert re.search(r"algorithms\.context: model loaded in \d+\.\d\d s", err), err
+    assert re.search(r"algorithms\.sft: data loaded in \d+\.\d\d s: data\.txt", err), err
+    assert re.search(r"algorithms\.sft: step 1 \(data\.txt:window \d+, group 1/\d+\): ", err), err
 
     # the next run file, not verbose, turns the lines off again in the same process
     assert main(["train", str(write_run(tmp_path, model, verbose=False))]) == 0

@@ -67,8 +67,9 @@ def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
 
-def write_tiny(path: Path, name: str, seed: int = 0) -> Path:
-    """Write the F32 tiny model `name` (a key of SPECS) to path."""
+def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None = None) -> Path:
+    """Write the F32 tiny model `name` (a key of SPECS) to path, with `chat_template` as its
+    tokenizer.chat_template when given (none otherwise, as the Gemma test model)."""
     spec = SPECS[name]
     arch = spec.arch
     rng = np.random.default_rng(seed)
@@ -105,6 +106,8 @@ def write_tiny(path: Path, name: str, seed: int = 0) -> Path:
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     w.add_tensor(
         "token_embd.weight",

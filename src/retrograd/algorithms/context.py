@@ -5,6 +5,9 @@ Functions, not a class hierarchy: each loop calls the ones it needs in the order
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from retrograd.model.model import Model
@@ -13,13 +16,17 @@ from retrograd.tokenizer.fallbacks import chat_template
 
 KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
 CKPT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+log = logging.getLogger(__name__)
 
 
 def load_model(cfg) -> Model:
     """The run's base model on its device, with [training].threads applied."""
     import retrograd
 
-    return retrograd.load(cfg.model.path, device=cfg.model.device, threads=cfg.training.threads)
+    t0 = time.perf_counter()
+    model = retrograd.load(cfg.model.path, device=cfg.model.device, threads=cfg.training.threads)
+    log.info("model loaded in %.2f s", time.perf_counter() - t0)
+    return model
 
 
 def chat_format(model: Model, template_variables: dict | None = None) -> ChatFormat:
@@ -49,13 +56,18 @@ def preflight_check(model: Model, training, console=None) -> None:
     from retrograd.errors import DeviceError
     from retrograd.model.preflight import preflight
 
+    strict = training.require_gpu_resident or os.environ.get("RETRO_REQUIRE_GPU_RESIDENT") == "1"
     if model.device.type == "cpu":
+        if strict:
+            raise DeviceError(
+                "[training].require_gpu_resident = true: the run is on the CPU (no GPU, or "
+                "device = cpu); every operation would run there. Use a GPU or remove the key"
+            )
         return
     report = preflight(model.decoder, ["auto"])
     if not report.problems:
         return
     listed = ", ".join(report.problems)
-    strict = training.require_gpu_resident or os.environ.get("RETRO_REQUIRE_GPU_RESIDENT") == "1"
     if strict:
         raise DeviceError(
             f"[training].require_gpu_resident: operations off {model.device.type}: {listed}"

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from retrograd import __version__
+from retrograd.algorithms.outputs import rescue_paths
 from retrograd.checkpoint import (
     AdapterState,
     CheckpointState,
@@ -34,14 +35,17 @@ from retrograd.checkpoint import (
 )
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
 from retrograd.checkpoint.rng import capture_rng, restore_rng
-from retrograd.errors import ConfigError
+from retrograd.errors import CheckpointError, ConfigError, TrainingError
 from retrograd.gguf.lora_export import write_lora_adapter
 from retrograd.observe import Metrics, RunInfo, names
-from retrograd.optim import lr_at
+from retrograd.optim import base_lr, lr_at
 from retrograd.trainable.plan import trained_parameters
 
 if TYPE_CHECKING:
     from retrograd.algorithms.sft import Position
+
+
+WINDOW = "window-kv.msgpack"  # artifact: the keys and values of a window cut by a checkpoint
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class RunIdentity:
             "gradient_accumulation": t.gradient_accumulation,
             "epochs": t.epochs,
             "lr": t.lr,
+            "base_lr": base_lr(t, cfg.optimizer),
             "lr_scheduler": t.lr_scheduler,
             "warmup_steps": t.warmup_steps,
             "optimizer": t.optimizer,
@@ -112,7 +117,7 @@ class Sinks:
         if held is not None:
             con.print(f"evaluation: {held.describe()}")
         for line in self.plan_lines:
-            con.print(line)
+            con.print(line, markup=False)  # "[lora].targets" is text, not rich markup
         m = cfg.metrics
         info = RunInfo(
             cfg.run.algorithm,
@@ -183,9 +188,9 @@ def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {base: (h["lora_a"], h["lora_b"]) for base, h in halves.items()}
 
 
-def export_output(cfg, model, plan, adapters) -> Path:
-    """[output] kind adapter: a llama.cpp LoRA GGUF, written atomically."""
-    out = Path(cfg.output.path)
+def export_output(cfg, model, plan, adapters, path: Path | None = None) -> Path:
+    """[output] kind adapter (or `path`): a llama.cpp LoRA GGUF, written atomically."""
+    out = Path(path or cfg.output.path)
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_lora_adapter(
         out,
@@ -195,6 +200,40 @@ def export_output(cfg, model, plan, adapters) -> Path:
         dtype=plan.dtype,
         name=f"{model.gguf.get('general.name', 'model')} LoRA ({__version__})",
     )
+
+
+def export_or_keep(
+    cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total
+) -> Path:
+    """The final export; when it fails, the trained adapter is kept (a checkpoint, else a file
+    beside the run file or in the temporary folder) and the error says where."""
+    try:
+        return export_output(cfg, model, plan, adapters)
+    except Exception as e:  # any failure: the training must not be lost with it
+        error = e
+    kept = _keep(cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total)
+    where = f"kept in {kept}" if kept is not None else "could not be kept anywhere either"
+    raise TrainingError(
+        f"[output].path = {cfg.output.path}: the adapter could not be written "
+        f"({type(error).__name__}: {error}); the trained result was {where}"
+    ) from error
+
+
+def _keep(cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total):
+    if cfg.checkpoint is not None:
+        try:
+            state = _state(cfg, run, pos, named, optimizer, plan, patience, total)
+            directory = cfg.checkpoint.directory
+            save_checkpoint(directory, step_id(pos.global_step), state)
+            return Path(directory) / f"{step_id(pos.global_step)}.gguf"
+        except Exception:
+            pass
+    for place in rescue_paths(Path(cfg.output.path), run_file):
+        try:
+            return export_output(cfg, model, plan, adapters, path=place)
+        except Exception:
+            continue
+    return None
 
 
 # -- checkpoints ---------------------------------------------------------------------------
@@ -218,8 +257,9 @@ def find_resume(cfg, resume) -> tuple[CheckpointState, str] | None:
 
 def restore(
     found: tuple[CheckpointState, str], run: RunIdentity, named, optimizer, patience
-) -> Position:
-    """Put adapters, optimizer, RNGs and patience back; the position to continue from."""
+) -> tuple[Position, bytes | None]:
+    """Put adapters, optimizer, RNGs and patience back; the position to continue from and,
+    inside a window, its saved keys and values (step.window_bytes)."""
     from retrograd.algorithms.sft import Position
 
     state, source = found
@@ -249,7 +289,14 @@ def restore(
     )
     patience.stale = state.progress.stale_evaluations
     ds = state.dataset
-    return Position(ds.epoch, ds.index, int(ds.extra.get("group", 0)), state.global_step)
+    pos = Position(ds.epoch, ds.index, int(ds.extra.get("group", 0)), state.global_step)
+    window = state.artifacts.get(WINDOW)
+    if pos.group and window is None:
+        raise CheckpointError(
+            f"cannot resume from {source}: it stops inside a window but holds no window cache "
+            "(written by an earlier version); resume from a checkpoint between examples"
+        )
+    return pos, window
 
 
 def cfg_kind(run: RunIdentity) -> str:
@@ -257,10 +304,11 @@ def cfg_kind(run: RunIdentity) -> str:
 
 
 def _state(
-    cfg, run: RunIdentity, pos, named, optimizer, plan, patience, total: int
+    cfg, run: RunIdentity, pos, named, optimizer, plan, patience, total: int, window=None
 ) -> CheckpointState:
     t = cfg.training
-    lr = lr_at(max(0, pos.global_step - 1), total, t.lr, t.lr_scheduler, t.warmup_steps)
+    rate = base_lr(t, cfg.optimizer)
+    lr = lr_at(max(0, pos.global_step - 1), total, rate, t.lr_scheduler, t.warmup_steps)
     tensors = adapter_arrays(named)
     best = patience.best if patience.best != float("inf") else None
     return CheckpointState(
@@ -275,7 +323,7 @@ def _state(
             run.trajectory,
             __version__,
         ),
-        scheduler=SchedulerState(t.lr_scheduler, pos.global_step, total, t.lr, t.warmup_steps, lr),
+        scheduler=SchedulerState(t.lr_scheduler, pos.global_step, total, rate, t.warmup_steps, lr),
         optimizer=optimizer_state(
             optimizer,
             [n for n, _ in named],
@@ -286,10 +334,15 @@ def _state(
         dataset=DatasetPosition(pos.epoch, pos.index, {"group": pos.group}),
         adapter=AdapterState(plan.rank, plan.alpha, plan.dtype, tensors),
         trainable_plan=plan.as_dict(),
+        artifacts={WINDOW: window()} if window is not None else {},
     )
 
 
-def maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, total, sinks) -> None:
+def maybe_checkpoint(
+    cfg, run, pos, named, optimizer, plan, patience, total, sinks, window=None
+) -> None:
+    """A `steps` checkpoint when one is due. `window`: a callable giving the current window's
+    cache bytes when the position is inside a window (called only when a checkpoint is due)."""
     ck = cfg.checkpoint
     if (
         ck is None
@@ -300,7 +353,7 @@ def maybe_checkpoint(cfg, run, pos, named, optimizer, plan, patience, total, sin
     path = save_checkpoint(
         ck.directory,
         step_id(pos.global_step),
-        _state(cfg, run, pos, named, optimizer, plan, patience, total),
+        _state(cfg, run, pos, named, optimizer, plan, patience, total, window),
     )
     sinks.checkpoint(path, pos.global_step)
 

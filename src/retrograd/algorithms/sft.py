@@ -13,13 +13,15 @@ checkpoints)  4. evaluate and stop early  5. export the adapter and summarize.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from retrograd.algorithms import context, persist
+from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
@@ -27,11 +29,15 @@ from retrograd.algorithms.step import (
     clip_and_step,
     groups_of,
     new_cache,
-    prefill_groups,
+    restore_window,
+    window_bytes,
 )
 from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
-from retrograd.optim import build_optimizer, lr_at
+from retrograd.errors import TrainingError
+from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +76,7 @@ def load_data(cfg, model) -> tuple[SFTDataset, SFTDataset | None]:
 
 
 def total_steps(data: SFTDataset, training) -> int:
+    """Optimizer steps of the run: groups with a trained token only (step.groups_of)."""
     per_epoch = sum(
         len(groups_of(e, training.micro_batch, training.gradient_accumulation))
         for e in data.examples
@@ -82,33 +89,37 @@ def order_of(data: SFTDataset, cfg, epoch: int) -> np.ndarray:
     return permutation(n, cfg.lora.seed, epoch) if cfg.sft.shuffle else np.arange(n)
 
 
-def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
+def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
     started = time.perf_counter()
     training = cfg.training
-    # 1. build
+    # 1. build: what the run writes is checked before anything loads
     check_mode(training.trainable)
+    outputs.check_outputs(cfg, run_file)
     model = context.load_model(cfg)
     context.preflight_check(model, training, getattr(sinks, "console", None))
     context.apply_memory_knobs(model, training)
+    t0 = time.perf_counter()
     train, held = load_data(cfg, model)
+    log.info("data loaded in %.2f s: %s", time.perf_counter() - t0, train.describe())
     init = cfg.lora.init_adapter if cfg.lora else None
     plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
     named = trained_parameters(adapters)
     params = [p for _, p in named]
     optimizer = build_optimizer(params, training, cfg.optimizer)
+    rate = base_lr(training, cfg.optimizer)
     steps = total_steps(train, training)
     run = persist.RunIdentity.of(cfg, model.config.name, train, held, plan)
     sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
-    pos = Position()
+    pos, window = Position(), None
     patience = Patience(
         cfg.evaluation.patience if cfg.evaluation else None,
         cfg.evaluation.min_delta if cfg.evaluation else 0.0,
     )
     found = persist.find_resume(cfg, resume)
     if found is not None:
-        pos = persist.restore(found, run, named, optimizer, patience)
+        pos, window = persist.restore(found, run, named, optimizer, patience)
     sinks.start(cfg, model, train, held, plan, steps, initial_step=pos.global_step)
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
@@ -125,25 +136,35 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
         for i in range(start_index, len(order)):
             example = train.examples[order[i]]
             groups = groups_of(example, training.micro_batch, training.gradient_accumulation)
-            cache = new_cache(model.decoder, example, kv)
             first = pos.group if (epoch, i) == (pos.epoch, pos.index) else 0
-            prefill_groups(model.decoder, example, groups, first, cache)
+            if first:  # inside a window: its earlier passes' keys and values, as they were
+                cache = restore_window(window, model.decoder, example, kv, groups[first - 1].end)
+            else:
+                cache = new_cache(model.decoder, example, kv)
             for g in range(first, len(groups)):
                 t0 = time.perf_counter()
                 loss = backward_group(model.decoder, example, groups[g], cache, opts)
                 lr = lr_at(
-                    pos.global_step,
-                    steps,
-                    training.lr,
-                    training.lr_scheduler,
-                    training.warmup_steps,
+                    pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                 )
-                clip_and_step(params, optimizer, training.max_grad_norm, lr)
+                _step(params, optimizer, training.max_grad_norm, lr, loss, pos, example)
                 pos = _advance(pos, epoch, i, g, len(groups), len(order))
                 tokens = sum(e - s for s, e in groups[g].passes)
                 result.tokens += tokens
                 result.last_loss = loss
-                sinks.step(pos.global_step, epoch, loss, lr, tokens, time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                sinks.step(pos.global_step, epoch, loss, lr, tokens, seconds)
+                log.debug(
+                    "step %d (%s, group %d/%d): %d tokens, loss %.4f, lr %.3g, %.3f s",
+                    pos.global_step,
+                    example.where,
+                    g + 1,
+                    len(groups),
+                    tokens,
+                    loss,
+                    lr,
+                    seconds,
+                )
                 # 4. evaluate after an epoch's last step, before that step's checkpoint
                 if pos.epoch == epoch + 1:
                     result.epochs_done = epoch + 1
@@ -153,19 +174,49 @@ def run_sft(cfg, *, resume=None, sinks=None) -> SFTResult:
                             persist.save_best(
                                 cfg, run, pos, named, optimizer, plan, patience, steps, sinks
                             )
+                end = groups[g].end
                 persist.maybe_checkpoint(
-                    cfg, run, pos, named, optimizer, plan, patience, steps, sinks
+                    cfg,
+                    run,
+                    pos,
+                    named,
+                    optimizer,
+                    plan,
+                    patience,
+                    steps,
+                    sinks,
+                    window=(lambda c=cache, e=end: window_bytes(c, e)) if pos.group else None,
                 )
         if patience.stop:
             result.stopped_early = True
             break
-    # 5. export
-    persist.export_output(cfg, model, plan, adapters)
+    # 5. export; if that fails, the trained adapter is kept elsewhere and the error says where
+    persist.export_or_keep(
+        cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, steps
+    )
     result.global_step = pos.global_step
     result.best_eval = patience.best if patience.best != float("inf") else None
     result.seconds = time.perf_counter() - started
     sinks.finish(result, model)
     return result
+
+
+def _step(params, optimizer, max_grad_norm: float, lr: float, loss: float, pos, example) -> None:
+    """Clip and step; a non-finite loss or gradient stops the run before the update."""
+    where = f"step {pos.global_step + 1} ({example.where})"
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"{where}: the loss is {loss}; {_DIVERGED}")
+    try:
+        clip_and_step(params, optimizer, max_grad_norm, lr)
+    except TrainingError as e:
+        raise TrainingError(f"{where}: {e}; {_DIVERGED}") from None
+
+
+_DIVERGED = (
+    "training stopped before updating the weights (lower [training].lr, or resume from the "
+    "last checkpoint)"
+)
 
 
 def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_examples: int) -> Position:
@@ -181,7 +232,14 @@ def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_example
 def _evaluate(
     cfg, model, held, pos: Position, patience: Patience, result: SFTResult, sinks
 ) -> None:
+    t0 = time.perf_counter()
     loss, _ = sft_loss(model.decoder, held, seq_chunk=cfg.training.chunked_ce_seq_chunk)
+    log.info(
+        "evaluation at step %d: loss %.4f in %.2f s",
+        pos.global_step,
+        loss,
+        time.perf_counter() - t0,
+    )
     result.last_eval_improved = patience.update(loss)
     result.evals.append((pos.global_step, loss))
     sinks.evaluation(

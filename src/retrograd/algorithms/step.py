@@ -3,17 +3,23 @@
 A window of at most ctx tokens runs in passes of `micro_batch` tokens; each pass attends to
 the keys and values of the window's earlier passes (kept in a KV cache, as context without
 gradient) and scores its own positions. `gradient_accumulation` passes make one optimizer
-step; its loss is the mean over the step's trained tokens. A group of passes with no trained
-token makes no step. Knows the decoder and the loss, not optimizers or files.
+step; its loss is the mean over the step's trained tokens. Passes with no trained token are
+context only: they run without gradient, and a group of them makes no step of its own but
+goes before the next group that has trained tokens (trailing ones are dropped). A step's
+window cache can be saved and restored byte for byte, so a checkpoint taken between two
+steps of one window resumes exactly. Knows the decoder and the loss, not optimizers or files.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import msgpack
 import torch
 
 from retrograd.data.sft import Example
+from retrograd.errors import CheckpointError, TrainingError
 from retrograd.losses.ce import token_nll_sum
 from retrograd.model.decoder import Decoder
 from retrograd.model.kv_cache import KVCache
@@ -21,22 +27,34 @@ from retrograd.model.kv_cache import KVCache
 
 @dataclass(frozen=True)
 class Group:
-    passes: tuple[tuple[int, int], ...]  # token ranges [start, end) of the window
-    n_targets: int  # trained tokens scored by these passes
+    passes: tuple[tuple[int, int], ...]  # token ranges [start, end) of the window, in order
+    n_targets: int  # trained tokens scored by these passes (> 0)
+
+    @property
+    def end(self) -> int:
+        """The window position after this group: what the cache holds once it has run."""
+        return self.passes[-1][1]
 
 
 def groups_of(example: Example, micro_batch: int, accumulation: int) -> list[Group]:
-    """The example's optimizer-step groups, trailing groups without targets removed."""
+    """The example's optimizer steps. A group of passes without a trained token joins the
+    next group as its leading context; trailing ones are dropped."""
     n = len(example.ids)
     passes = [(s, min(s + micro_batch, n)) for s in range(0, n, micro_batch)]
-    groups = []
+    groups, context = [], ()
     for i in range(0, len(passes), accumulation):
-        chunk = tuple(passes[i : i + accumulation])
-        targets = sum(example.mask[p + 1] for s, e in chunk for p in range(s, min(e, n - 1)))
+        chunk = context + tuple(passes[i : i + accumulation])
+        targets = sum(_n_scored(example, s, e) for s, e in chunk)
+        if targets == 0:
+            context = chunk
+            continue
         groups.append(Group(chunk, targets))
-    while groups and groups[-1].n_targets == 0:
-        groups.pop()
+        context = ()
     return groups
+
+
+def _n_scored(example: Example, s: int, e: int) -> int:
+    return sum(example.mask[p + 1] for p in range(s, min(e, len(example.ids) - 1)))
 
 
 def scored(example: Example, s: int, e: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,12 +73,15 @@ class LossOptions:
     seq_chunk: int = 512
 
 
+def _ids(decoder: Decoder, example: Example, s: int, e: int) -> torch.Tensor:
+    return torch.tensor([example.ids[s:e]], dtype=torch.long, device=decoder.device)
+
+
 def run_pass(
     decoder: Decoder, example: Example, s: int, e: int, cache: KVCache, opts: LossOptions
 ) -> torch.Tensor:
     """Forward pass [s, e) into the cache; the summed NLL of its trained targets."""
-    ids = torch.tensor([example.ids[s:e]], dtype=torch.long, device=decoder.device)
-    h = decoder(ids, start=s, cache=cache)[0]  # (T, n_embd)
+    h = decoder(_ids(decoder, example, s, e), start=s, cache=cache)[0]  # (T, n_embd)
     offsets, targets = scored(example, s, e, decoder.device)
     return token_nll_sum(
         decoder,
@@ -76,23 +97,17 @@ def new_cache(decoder: Decoder, example: Example, dtype: torch.dtype) -> KVCache
     return KVCache.empty(decoder.cfg, 1, len(example.ids), dtype, decoder.device)
 
 
-@torch.no_grad()
-def prefill_groups(
-    decoder: Decoder, example: Example, groups: list[Group], upto: int, cache: KVCache
-) -> None:
-    """Recompute the cache of groups [0, upto) without gradient (resuming inside an example)."""
-    for g in groups[:upto]:
-        for s, e in g.passes:
-            ids = torch.tensor([example.ids[s:e]], dtype=torch.long, device=decoder.device)
-            decoder(ids, start=s, cache=cache)
-
-
 def backward_group(
     decoder: Decoder, example: Example, group: Group, cache: KVCache, opts: LossOptions
 ) -> float:
-    """Forward and backward over the group's passes; returns the group's mean NLL."""
+    """Forward and backward over the group's passes; returns the group's mean NLL.
+    Passes without a trained token only fill the cache (no gradient)."""
     total = 0.0
     for s, e in group.passes:
+        if _n_scored(example, s, e) == 0:
+            with torch.no_grad():
+                decoder(_ids(decoder, example, s, e), start=s, cache=cache)
+            continue
         nll = run_pass(decoder, example, s, e, cache, opts)
         (nll / group.n_targets).backward()
         total += float(nll.detach())
@@ -105,10 +120,51 @@ def clip_and_step(
     max_grad_norm: float,
     lr: float,
 ) -> float:
-    """Clip the global gradient norm, set the step's learning rate, step, clear gradients."""
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    """Clip the global gradient norm, set the step's learning rate, step, clear gradients.
+    A non-finite gradient norm raises TrainingError before anything is updated."""
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"the gradient norm is {norm}")
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    return norm
+
+
+# -- the window's cache in a checkpoint ----------------------------------------------------
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def window_bytes(cache: KVCache, length: int) -> bytes:
+    """Keys and values of window positions [0, length), exactly as cached."""
+    layers = [
+        [_raw(k[:, :, :length]), _raw(v[:, :, :length])]
+        for k, v in zip(cache.k, cache.v, strict=True)
+    ]
+    dtype = _DTYPES[cache.k[0].dtype]
+    return msgpack.packb({"version": 1, "dtype": dtype, "length": length, "layers": layers})
+
+
+def restore_window(
+    data: bytes, decoder: Decoder, example: Example, dtype: torch.dtype, length: int
+) -> KVCache:
+    """A cache for `example` holding the saved keys and values of [0, length)."""
+    saved = msgpack.unpackb(data)
+    if saved.get("dtype") != _DTYPES[dtype] or saved.get("length") != length:
+        raise CheckpointError(
+            f"the checkpoint's window cache ({saved.get('dtype')}, {saved.get('length')} "
+            f"positions) does not fit this run ({_DTYPES[dtype]}, {length} positions)"
+        )
+    cache = new_cache(decoder, example, dtype)
+    for layer, (k, v) in enumerate(saved["layers"]):
+        for buf, raw in ((cache.k[layer], k), (cache.v[layer], v)):
+            part = buf[:, :, :length]
+            part.copy_(torch.frombuffer(bytearray(raw), dtype=dtype).view(part.shape))
+    return cache
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()

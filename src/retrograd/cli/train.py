@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     sinks = Sinks(console=console)
     try:
-        run_sft(cfg, resume=args.resume, sinks=sinks)
+        run_sft(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
     except KeyboardInterrupt:
         sinks.fail("interrupted")
         raise

@@ -105,7 +105,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     },
     ("training", "lr"): _entry(
         HONOURED,
-        "honoured; with muon an adapter trains at [optimizer.muon].fallback_learning_rate instead",
+        "honoured; refused with muon and an adapter, whose factors train at "
+        "[optimizer.muon].fallback_learning_rate",
     ),
     ("training", "threads"): _entry(
         HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"

@@ -199,6 +199,14 @@ def base_weight_keys(d: Draft) -> Iterator[Issue]:
             "f32 adapter factors only, remove it",
             t.master_weights,
         )
+    if t.optimizer == "muon" and mode in ADAPTER_MODES and _changed(t, "lr"):
+        yield issue(
+            "training",
+            "lr",
+            f'Muon updates no matrix when training.trainable = "{mode}": every adapter factor '
+            "goes to AdamW at [optimizer.muon].fallback_learning_rate; set that and remove lr",
+            t.lr,
+        )
     muon = d.get("optimizer").muon
     if muon is None or mode not in ADAPTER_MODES:
         return

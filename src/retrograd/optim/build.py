@@ -31,25 +31,27 @@ class DecoupledSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+def base_lr(training, optimizer_cfg=None) -> float:
+    """The rate the schedule scales for the trained parameters: training.lr, or with Muon
+    its fallback_learning_rate, since Muon leaves every LoRA factor to AdamW at that rate
+    (configuration reference, [optimizer.muon])."""
+    if training.optimizer == "muon":
+        muon = optimizer_cfg.muon if optimizer_cfg is not None else None
+        return muon.fallback_learning_rate if muon is not None else 1e-3
+    return training.lr
+
+
 def build_optimizer(
     params: list[torch.nn.Parameter], training, optimizer_cfg=None
 ) -> torch.optim.Optimizer:
     """The run's optimizer over `params` (all LoRA factors, which Muon leaves to AdamW)."""
     kind = training.optimizer
-    lr, wd = training.lr, training.weight_decay
-    if kind == "adamw":
+    lr, wd = base_lr(training, optimizer_cfg), training.weight_decay
+    if kind in ("adamw", "muon"):
+        # Muon orthogonalizes 2-D hidden weights; LoRA factors are not among them.
         return torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
     if kind == "sgd":
         return DecoupledSGD(params, lr=lr, weight_decay=wd)
-    if kind == "muon":
-        # Muon orthogonalizes 2-D hidden weights; LoRA factors are not among them, so every
-        # adapter parameter goes to AdamW at fallback_learning_rate (configuration reference).
-        fallback = (
-            optimizer_cfg.muon.fallback_learning_rate
-            if optimizer_cfg and optimizer_cfg.muon
-            else 1e-3
-        )
-        return torch.optim.AdamW(params, lr=fallback, weight_decay=wd)
     raise ConfigError(
         f"[training].optimizer = {kind!r}: not available for adapter training in this version "
         "(use adamw, sgd or muon)"

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 import retrograd
-from retrograd.algorithms.step import LossOptions, backward_group, groups_of, new_cache
+from retrograd.algorithms.step import (
+    LossOptions,
+    backward_group,
+    groups_of,
+    new_cache,
+    restore_window,
+    window_bytes,
+)
 from retrograd.data.sft import Example, permutation
 from retrograd.optim import lr_at
 from retrograd.optim.build import DecoupledSGD
@@ -41,6 +48,51 @@ def test_groups_cover_the_window_and_count_targets():
     assert sum(g.n_targets for g in groups) == sum(MASK[1:])
     trailing = Example(IDS, MASK[:20] + (0,) * 12, "t")
     assert groups_of(trailing, 8, 1)[-1].passes == ((16, 24),)  # no target after 19 -> dropped
+
+
+def test_passes_without_a_trained_token_join_the_next_step():
+    # a long prompt (nothing trained before position 19), an answer, a gap, another answer
+    mask = (0,) * 19 + (1,) * 5 + (0,) * 4 + (1,) * 4
+    ex = Example(IDS, mask, "t")
+    groups = groups_of(ex, 4, 1)
+    assert groups[0].passes == ((0, 4), (4, 8), (8, 12), (12, 16), (16, 20))
+    assert [g.passes[-1] for g in groups] == [(16, 20), (20, 24), (24, 28), (28, 32)]
+    assert all(g.n_targets > 0 for g in groups)
+    assert sum(g.n_targets for g in groups) == sum(mask[1:])
+    # every pass of the window runs once, in order, whatever the accumulation
+    for acc in (1, 2, 3):
+        flat = [p for g in groups_of(ex, 4, acc) for p in g.passes]
+        assert flat == [(s, s + 4) for s in range(0, 32, 4)]
+
+
+def test_a_step_after_context_passes_scores_what_one_pass_scores(tiny_model):
+    # micro_batch 4 with accumulation 1: the first steps have no target (the ZeroDivisionError
+    # of a chat prompt longer than a pass); the steps' token-weighted losses equal one pass's
+    m, _ = model_with_lora(tiny_model)
+    mask = (0,) * 19 + (1,) * 5 + (0,) * 4 + (1,) * 4
+    ex = Example(IDS, mask, "t")
+    opts = LossOptions(chunked=False)
+    cache = new_cache(m.decoder, ex, torch.float32)
+    total = sum(
+        backward_group(m.decoder, ex, g, cache, opts) * g.n_targets for g in groups_of(ex, 4, 1)
+    )
+    (whole,) = groups_of(ex, 32, 1)
+    one = backward_group(m.decoder, ex, whole, new_cache(m.decoder, ex, torch.float32), opts)
+    assert math.isclose(total / sum(mask[1:]), one, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_window_cache_round_trips_byte_for_byte(tiny_model, dtype):
+    m, _ = model_with_lora(tiny_model)
+    cache = new_cache(m.decoder, EX, dtype)
+    with torch.no_grad():
+        m.decoder(torch.tensor([EX.ids[:20]]), start=0, cache=cache)
+    back = restore_window(window_bytes(cache, 20), m.decoder, EX, dtype, 20)
+    for a, b in zip(cache.k + cache.v, back.k + back.v, strict=True):
+        assert torch.equal(a[:, :, :20].view(torch.uint8), b[:, :, :20].view(torch.uint8))
+        assert not b[:, :, 20:].any()
+    with pytest.raises(Exception, match="does not fit"):
+        restore_window(window_bytes(cache, 20), m.decoder, EX, dtype, 16)
 
 
 @pytest.mark.parametrize("micro_batch", [8, 16])
