@@ -1,7 +1,8 @@
 """Tools through serve, with the openai SDK: catalog in the prompt, calls parsed back, auth.
 
-The model's words are scripted here (a base model does not call tools on request), so that
-the test checks what serve does around generation: the prompt it renders with the model's
+The model's words are scripted here (a base model does not call tools on request: a
+ScriptedBatch stands in for the live batch), so that the test checks what serve does around
+generation: the prompt it renders with the model's
 chat format (Gemma's fallback: Hermes catalog in the system prompt), and how it turns the
 generated text into `tool_calls`.
 """
@@ -17,10 +18,10 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 import retrograd
-from retrograd.sampling import Completion
-from retrograd.serve.app import create_app
+from retrograd.serve import app as serve_app
 from retrograd.serve.weights import Loaded
 from retrograd.tokenizer import ChatFormat, chat_template
+from tests.unit.serve.scripted import ScriptedBatch
 
 WEATHER = {
     "type": "function",
@@ -33,33 +34,24 @@ WEATHER = {
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-class Scripted:
-    """Stands in for the sampler: records prompts, answers with a fixed text."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.text = CALL
-        self.prompts: list[str] = []
-
-    def generate(self, requests, on_text=None):
-        out = []
-        for r in requests:
-            self.prompts.append(self.tokenizer.detokenize(list(r.prompt), special=True))
-            ids = tuple(self.tokenizer.tokenize(self.text, add_bos=False))
-            out.append([Completion(ids, (0.0,) * len(ids), "stop", self.text, len(r.prompt))])
-        return out
-
-
 @pytest.fixture(scope="module")
-def scripted(gemma_path):
-    tok = retrograd.load_tokenizer(gemma_path)
+def chat_format(gemma_path):
     from retrograd.gguf import GGUFFile
 
-    template = chat_template(tok, GGUFFile(gemma_path).metadata)
+    tok = retrograd.load_tokenizer(gemma_path)
+    return ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
+
+
+@pytest.fixture
+def scripted(chat_format):
+    """A loaded model whose answers come from a ScriptedBatch (`.sampler` here)."""
     model = type("M", (), {"decoder": torch.nn.Module()})()
-    sampler = Scripted(tok)
-    loaded = Loaded(model, ChatFormat(tok, template), sampler, 2048, None)
+    loaded = Loaded(model, chat_format, ScriptedBatch(chat_format.tokenizer, CALL), 2048, None)
     return loaded
+
+
+def create_app(loaded, name, **kw):
+    return serve_app.create_app(loaded, name, batch=loaded.sampler, **kw)
 
 
 def sdk(app, key="unused") -> OpenAI:
@@ -126,8 +118,13 @@ def test_streamed_tool_calls(scripted):
             stream=True,
         )
     )
-    [call] = chunks[0].choices[0].delta.tool_calls
+    assert chunks[0].choices[0].delta.role == "assistant"
+    # with tools offered the text is parsed once whole: the call comes in one delta
+    [with_calls] = [c for c in chunks if c.choices[0].delta.tool_calls]
+    [call] = with_calls.choices[0].delta.tool_calls
     assert call.index == 0 and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not any(c.choices[0].delta.content for c in chunks)  # no call text leaks out
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

@@ -5,6 +5,8 @@ exported beside a .state directory) or --base-only says otherwise; the base mode
 beside it as `base`. The model is loaded before the server answers. Binding anything but a
 loopback address requires --api-key, which clients send as `Authorization: Bearer KEY`.
 --port 0 picks a free port; the address is printed once the server listens.
+Requests join one live batch of at most --max-sequences answers at the next decode step;
+up to --max-queue more wait, and beyond that a request gets 503 with Retry-After.
 
 Example:
   retrograd serve run.toml --model-name tuned
@@ -20,6 +22,7 @@ import sys
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError
+from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +42,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", metavar="KEY", help="required from clients as a Bearer token")
     p.add_argument(
         "--model-name", metavar="NAME", help="the model id (default: the adapter's file name)"
+    )
+    p.add_argument(
+        "--max-sequences",
+        type=int,
+        default=MAX_SEQUENCES,
+        metavar="N",
+        help=f"answers generated at once in one batch (default: {MAX_SEQUENCES})",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=MAX_QUEUE,
+        metavar="N",
+        help=f"requests waiting beyond those; more get 503 (default: {MAX_QUEUE})",
     )
 
 
@@ -60,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--host {args.host}: binding beyond loopback requires --api-key")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: must be 0 to 65535")
+    if args.max_sequences < 1:
+        raise ConfigError(f"--max-sequences {args.max_sequences}: must be at least 1")
+    if args.max_queue < 0:
+        raise ConfigError(f"--max-queue {args.max_queue}: must be at least 0")
     adapter = resolve_adapter(cfg, args.adapter, args.checkpoint, args.base_only)
     sock = _bind(args.host, args.port)  # a taken port fails before the model loads
     loaded = load_for_generation(cfg, adapter, args.ctx, args.device)
     name = args.model_name or (adapter.name if adapter else loaded.model.gguf.path.name)
-    return serve(loaded, name, sock, args.api_key)
+    return serve(loaded, name, sock, args.api_key, args.max_sequences, args.max_queue)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -80,12 +101,21 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(loaded, name: str, sock: socket.socket, api_key: str | None) -> int:
+def serve(
+    loaded,
+    name: str,
+    sock: socket.socket,
+    api_key: str | None,
+    max_sequences: int = MAX_SEQUENCES,
+    max_queue: int = MAX_QUEUE,
+) -> int:
     import uvicorn
 
     from retrograd.serve.app import create_app
 
-    app = create_app(loaded, name, api_key=api_key)
+    app = create_app(
+        loaded, name, api_key=api_key, max_sequences=max_sequences, max_queue=max_queue
+    )
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(

@@ -5,7 +5,9 @@ once (a GRPO group fans its prompt's KV cache out to its answers); prompts of di
 lengths are left-padded, each keeping its own rope positions. Each answer draws its own
 uniform numbers from its own seed, so an answer depends on its prompt, settings and seed,
 not on what else is in the batch. Decoding stops a row at an end-of-generation id, a stop
-string or its token budget; finished rows leave the batch when enough of them have.
+string or its token budget; a finished row leaves the batch at once. The decode loop is
+`batch.LiveBatch`, which `retrograd serve` also drives with requests joining mid-way; the
+Sampler owns the pieces it calls: rows of a request, prefill, the choice of tokens.
 
 `fast = True` (fast_sampling_context): a 16-bit KV cache and the fused attention kernel.
 `fast = False`: a float32 cache and the plain attention path training uses. Environment:
@@ -18,21 +20,18 @@ nothing about chat templates or HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from retrograd.model.attention import fast_decode
 from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
-from retrograd.sampling.params import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Completion,
-    SampleRequest,
-)
+from retrograd.sampling.batch import LiveBatch
+from retrograd.sampling.params import Completion, SampleRequest
+from retrograd.sampling.rows import Row
 from retrograd.sampling.select import (
     greedy_device,
     select_device,
@@ -43,29 +42,12 @@ from retrograd.sampling.select import (
 from retrograd.sampling.stops import AnswerText
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill pass
+GREEDY_BELOW = 1e-5  # temperatures below this are greedy (as vLLM's sampler does)
 
 
 def _env_flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     return default if value is None else value not in ("0", "", "false")
-
-
-@dataclass
-class _Row:
-    """One answer being generated."""
-
-    index: int  # position in the flat output
-    prompt_len: int
-    max_new: int
-    temperature: float
-    top_p: float
-    stop_ids: frozenset[int]
-    generator: torch.Generator
-    text: AnswerText
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    stopped_by: int | str | None = None
 
 
 class Sampler:
@@ -100,12 +82,17 @@ class Sampler:
             return torch.float32
         return compute if compute in (torch.float16, torch.bfloat16) else torch.float16
 
-    def _attention(self):
+    def context(self) -> contextlib.ExitStack:
+        """Where generation runs: the attention of this precision, packed weights."""
+        stack = contextlib.ExitStack()
         if self.fast:
-            return fast_decode()  # fused one-token attention (and SDPA's fused kernels)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+            stack.enter_context(fast_decode())  # fused one-token attention (and SDPA's kernels)
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel([SDPBackend.MATH])
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        stack.enter_context(packed_weights())
+        return stack
 
     @torch.no_grad()
     def generate(
@@ -115,62 +102,54 @@ class Sampler:
     ) -> list[list[Completion]]:
         """Answers per request, in order. on_text(answer, delta) streams text as it is decided;
         answers are numbered across requests in order."""
-        prompts = list(dict.fromkeys(r.prompt for r in requests))  # unique, in order
-        for p in prompts:
-            if not p:
-                raise ValueError("an empty prompt has nothing to continue")
-        rows, owner = self._rows(requests)
-        if not rows:
-            return [[] for _ in requests]
-        which = torch.tensor(
-            [prompts.index(requests[o].prompt) for o in owner], device=self.decoder.device
-        )
-        width = max(len(p) for p in prompts)
-        capacity = width + max(r.max_new for r in rows)
-        with self._attention(), packed_weights():
-            cache, logits, key_mask = self._prefill(prompts, capacity)
-            cache = _select(cache, which)  # fan out: one row per answer
-            logits, key_mask = logits[which], key_mask[which]  # (B, V), (B, capacity)
-            self._decode(rows, cache, logits, key_mask, width, on_text)
+        starts = [sum(r.n for r in requests[:o]) for o in range(len(requests))]
         out: list[list[Completion]] = [[] for _ in requests]
-        for row, o in zip(rows, owner, strict=True):
-            out[o].append(self._completion(row))
+        batch = LiveBatch(self, max(1, sum(r.n for r in requests)))
+        for o, (req, base) in enumerate(zip(requests, starts, strict=True)):
+            text = None
+            if on_text is not None:
+                text = lambda j, delta, base=base: on_text(base + j, delta)  # noqa: E731
+            batch.add(req, text, lambda answers, o=o: out.__setitem__(o, answers))
+        while batch.step():
+            pass
         return out
 
-    def _rows(self, requests: list[SampleRequest]) -> tuple[list[_Row], list[int]]:
-        rows, owner = [], []
-        eog = frozenset(self.tokenizer.eot_ids)
-        piece = self._piece
-        for o, req in enumerate(requests):
-            p = req.params
-            budget = p.max_new_tokens
-            if self.max_len is not None:
-                budget = min(budget, self.max_len - len(req.prompt))
-                if budget < 1:
-                    raise ValueError(
-                        f"a prompt of {len(req.prompt)} tokens leaves no room in a context "
-                        f"of {self.max_len}"
-                    )
-            for seed in req.answer_seeds():
-                rows.append(
-                    _Row(
-                        len(rows),
-                        len(req.prompt),
-                        budget,
-                        p.temperature,
-                        p.top_p,
-                        eog if p.stop_ids is None else p.stop_ids,
-                        torch.Generator().manual_seed(seed),
-                        AnswerText(piece, p.stop),
-                    )
+    def make_rows(self, request: SampleRequest, entry: object = None) -> list[Row]:
+        """The rows of a request's answers; ValueError when the prompt leaves nothing to do."""
+        if not request.prompt:
+            raise ValueError("an empty prompt has nothing to continue")
+        p = request.params
+        budget = p.max_new_tokens
+        if self.max_len is not None:
+            budget = min(budget, self.max_len - len(request.prompt))
+            if budget < 1:
+                raise ValueError(
+                    f"a prompt of {len(request.prompt)} tokens leaves no room in a context "
+                    f"of {self.max_len}"
                 )
-                owner.append(o)
-        return rows, owner
+        # NOTE: softmax(logits / T) overflows float32 for tiny T (1e-39 is a denormal): below
+        # GREEDY_BELOW the answer is the greedy one it tends to anyway
+        temperature = p.temperature if p.temperature >= GREEDY_BELOW else 0.0
+        stop_ids = frozenset(self.tokenizer.eot_ids) if p.stop_ids is None else p.stop_ids
+        return [
+            Row(
+                entry,
+                j,
+                len(request.prompt),
+                budget,
+                temperature,
+                p.top_p,
+                stop_ids,
+                torch.Generator().manual_seed(seed),
+                AnswerText(self._piece, p.stop),
+            )
+            for j, seed in enumerate(request.answer_seeds())
+        ]
 
     def _piece(self, token: int) -> bytes:
         return self.tokenizer.token_to_piece(token, special=False)
 
-    def _prefill(self, prompts, capacity):
+    def prefill(self, prompts, capacity):
         """Left-padded prefill of the unique prompts -> cache, last-row logits (P, V), key mask."""
         dec, dev = self.decoder, self.decoder.device
         P, width = len(prompts), max(len(p) for p in prompts)
@@ -194,36 +173,7 @@ class Sampler:
             )  # (P, T, n_embd)
         return cache, dec.head(h[:, -1], float32=False), key_mask
 
-    def _decode(self, rows, cache, logits, key_mask, width, on_text) -> None:
-        dec, dev = self.decoder, self.decoder.device
-        live = list(rows)  # the rows in the cache, in cache order
-        slot = width
-        for step in range(max(r.max_new for r in rows)):
-            tokens, logps = self._choose(live, logits)
-            for row, tok, lp in zip(live, tokens, logps, strict=True):
-                if row.finish is None:
-                    self._advance(row, tok, lp)
-            if on_text is not None:
-                for row in live:
-                    delta = row.text.delta(final=row.finish is not None)
-                    if delta:
-                        on_text(row.index, delta)
-            keep = [i for i, r in enumerate(live) if r.finish is None]
-            if not keep:
-                return
-            if 4 * (len(live) - len(keep)) >= len(live):  # compact: finished rows leave
-                idx = torch.tensor(keep, device=dev)
-                cache, key_mask = _select(cache, idx), key_mask[idx]
-                live, tokens = [live[i] for i in keep], [tokens[i] for i in keep]
-            ids = torch.tensor(tokens, device=dev)[:, None]  # (B, 1)
-            positions = torch.tensor([r.prompt_len + step for r in live], device=dev)[:, None]
-            h = dec(
-                ids, start=slot, cache=cache, key_mask=key_mask[:, : slot + 1], positions=positions
-            )
-            logits = dec.head(h[:, -1], float32=False)  # (B, V), 16-bit when bf16 compute
-            slot += 1
-
-    def _choose(self, live: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    def choose(self, live: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Next token of every live row and its log-probability."""
         if self.device_sampling and self.device_logprobs and all(r.temperature <= 0 for r in live):
             # greedy rows draw no uniform numbers (they would ignore them): the general
@@ -247,34 +197,3 @@ class Sampler:
         if lp is None:
             lp = token_logprobs_host(logits, temp, tokens)
         return tokens.tolist(), lp.tolist()
-
-    def _advance(self, row: _Row, tok: int, logprob: float) -> None:
-        row.ids.append(tok)
-        row.logprobs.append(logprob)
-        if tok in row.stop_ids:
-            row.finish, row.stopped_by = FINISH_STOP, tok
-        elif row.text.push(tok):
-            row.finish, row.stopped_by = FINISH_STOP, row.text.stopped_by
-        elif len(row.ids) >= row.max_new:
-            row.finish = FINISH_LENGTH
-        if row.finish is not None:
-            row.text.finish()
-
-    def _completion(self, row: _Row) -> Completion:
-        return Completion(
-            tuple(row.ids),
-            tuple(row.logprobs),
-            row.finish or FINISH_LENGTH,
-            row.text.text,
-            row.prompt_len,
-            row.stopped_by,
-        )
-
-
-def _select(cache: KVCache, index: torch.Tensor) -> KVCache:
-    """The cache rows `index` (B',) in that order: fan-out and compaction."""
-    return KVCache(
-        [k.index_select(0, index) for k in cache.k],
-        [v.index_select(0, index) for v in cache.v],
-        cache.length,
-    )

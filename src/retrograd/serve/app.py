@@ -3,8 +3,11 @@
 Two model ids: the served name (the adapter, or the base model with --base-only) and `base`.
 Prompts are rendered and answers parsed by the model's `ChatFormat` (the code agent rollouts
 use), so tools reach the model through its template and calls come back as `tool_calls`.
-`stream: true` sends the finished answer as one delta. Every error is OpenAI's JSON shape.
-Generation runs on one worker thread (`worker.py`); handlers only validate and wait.
+Generation runs on one worker thread (`worker.py`) in a live batch; handlers validate, queue
+and wait. `stream: true` sends server-sent events as the tokens are decided; with tools
+offered the answer is parsed whole at the end, so its content and calls come in one delta
+then. A client that goes away frees its row. Every error is OpenAI's JSON shape; with an
+API key, every route (the OpenAPI schema too) asks for it.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd.errors import RetrogradError
 from retrograd.sampling import SampleRequest, SamplingParams
+from retrograd.sampling.batch import LiveBatch
+from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
 from retrograd.serve import protocol as proto
 from retrograd.serve.protocol import ApiError
-from retrograd.serve.worker import Worker
+from retrograd.serve.worker import Busy, Worker
 
 MAX_BODY_BYTES = 4 << 20
 BASE_ID = "base"
@@ -34,10 +40,14 @@ def create_app(
     name: str,
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
-    max_batch: int = 8,
+    max_sequences: int = MAX_SEQUENCES,
+    max_queue: int = MAX_QUEUE,
+    batch=None,
 ) -> FastAPI:
-    """An app answering for `loaded` (see weights.load_for_generation) under `name`."""
-    worker = Worker(loaded.sampler, loaded.model.decoder, max_batch=max_batch)
+    """An app answering for `loaded` (see weights.load_for_generation) under `name`.
+    batch: what generates (default: a LiveBatch over loaded.sampler)."""
+    batch = batch or LiveBatch(loaded.sampler, max_sequences)
+    worker = Worker(batch, loaded.model.decoder, max_sequences, max_queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -45,23 +55,10 @@ def create_app(
         worker.close()
 
     app = FastAPI(title="retrograd serve", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.worker = worker
     created = int(time.time())
     ids = {name: loaded.adapter is not None, BASE_ID: False}  # id -> adapter on
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        try:
-            if api_key is not None and request.url.path.startswith("/v1"):
-                _authorize(request, api_key)
-            size = request.headers.get("content-length")
-            if size is not None and size.isdigit() and int(size) > max_body_bytes:
-                raise ApiError(
-                    413, f"request body over {max_body_bytes} bytes", None, "request_too_large"
-                )
-        except ApiError as e:
-            return _error(e)
-        return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def api_error(_request, e: ApiError):
@@ -71,12 +68,7 @@ def create_app(
     async def http_error(_request, e: StarletteHTTPException):
         return _error(ApiError(e.status_code, str(e.detail), None, None))
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [proto.model_entry(i, created) for i in ids]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
+    def known(model_id: str) -> str:
         if model_id not in ids:
             raise ApiError(
                 404,
@@ -84,46 +76,64 @@ def create_app(
                 "model",
                 "model_not_found",
             )
-        return proto.model_entry(model_id, created)
+        return model_id
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [proto.model_entry(i, created) for i in ids]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        return proto.model_entry(known(model_id), created)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = proto.parse_request(await _json_body(request, max_body_bytes))
         proto.check_supported(req)
-        if req.model not in ids:
-            raise ApiError(
-                404,
-                f"model {req.model!r} not found (served: {', '.join(ids)})",
-                "model",
-                "model_not_found",
-            )
+        known(req.model)
         tools = proto.tools_for_prompt(req)
         sample = _sample_request(loaded, req, tools)
-        try:
-            answer = await asyncio.wrap_future(worker.submit(sample, ids[req.model]))
-        except (RetrogradError, ValueError) as e:
-            raise ApiError(400, str(e), None, "invalid_value") from None
-        parsed = loaded.chat.parse(answer.text) if tools else None
-        message, finish = proto.message_of(answer.text, parsed)
-        usage = {
-            "prompt_tokens": answer.prompt_tokens,
-            "completion_tokens": len(answer.ids),
-            "total_tokens": answer.prompt_tokens + len(answer.ids),
-        }
-        body = proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
-        if not req.stream:
-            return body
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
-        return StreamingResponse(
-            _sse(proto.stream_chunks(body, include_usage)), media_type="text/event-stream"
-        )
+        parse = loaded.chat.parse if tools else None
+        if req.stream:
+            include_usage = bool((req.stream_options or {}).get("include_usage"))
+            return _streamed(worker, sample, ids[req.model], req.model, include_usage, parse)
+        answer = await _answer(request, worker, sample, ids[req.model])
+        message, finish = proto.message_of(answer.text, parse(answer.text) if parse else None)
+        usage = proto.usage_of(answer)
+        return proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
 
     return app
 
 
-def _authorize(request: Request, api_key: str) -> None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+class Guard:
+    """The API key (every route, when set) and the body size, before any route runs. Plain
+    ASGI, so that streamed responses and client disconnects pass through untouched."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            try:
+                if self.api_key is not None:
+                    _authorize(headers, self.api_key)
+                size = headers.get("content-length")
+                if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
+                    raise ApiError(
+                        413,
+                        f"request body over {self.max_body_bytes} bytes",
+                        None,
+                        "request_too_large",
+                    )
+            except ApiError as e:
+                await _error(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _authorize(headers: Headers, api_key: str) -> None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(
         token.strip().encode(), api_key.encode()
     ):
@@ -145,14 +155,18 @@ async def _json_body(request: Request, limit: int):
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+    except RecursionError:  # NOTE: Python's parser gives up on deep nesting with this
+        raise proto.too_deep() from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
+    proto.check_depth(data)
     return data
 
 
 def _sample_request(loaded, req: proto.ChatRequest, tools) -> SampleRequest:
+    records = proto.to_records(req.messages, tools)
     try:
-        prompt = loaded.chat.prompt_ids(proto.to_records(req.messages), tools)
+        prompt = loaded.chat.prompt_ids(records, tools)
     except RetrogradError as e:
         raise ApiError(400, f"messages: {e}", "messages", "invalid_value") from None
     room = loaded.ctx - len(prompt)
@@ -169,17 +183,134 @@ def _sample_request(loaded, req: proto.ChatRequest, tools) -> SampleRequest:
         top_p=1.0 if req.top_p is None else req.top_p,
         max_new_tokens=min(limit, room),
         stop=proto.stop_strings(req),
+        stop_ids=frozenset() if req.ignore_eos else None,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
     )
     return SampleRequest(tuple(prompt), params)
 
 
+def _submit(worker: Worker, sample: SampleRequest, adapter: bool, **callbacks):
+    try:
+        return worker.submit(sample, adapter, **callbacks)
+    except Busy as e:
+        raise ApiError(
+            503,
+            f"the server is busy: {e}",
+            None,
+            "server_busy",
+            headers={"Retry-After": str(e.retry_after)},
+        ) from None
+    except ValueError as e:
+        raise ApiError(400, str(e), None, "invalid_value") from None
+
+
+def _failure(e: Exception) -> ApiError:
+    """An error of the generation thread as the client sees it."""
+    if isinstance(e, (RetrogradError, ValueError)):
+        return ApiError(400, str(e), None, "invalid_value")
+    return ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "server_error")
+
+
+async def _answer(request: Request, worker: Worker, sample: SampleRequest, adapter: bool):
+    """The completion, once generated; the job leaves the batch if the client goes first."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(answer, error) -> None:
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(answer)
+
+    job = _submit(
+        worker,
+        sample,
+        adapter,
+        on_done=lambda a: loop.call_soon_threadsafe(settle, a, None),
+        on_error=lambda e: loop.call_soon_threadsafe(settle, None, _failure(e)),
+    )
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            worker.cancel(job)
+    if not done.done():
+        raise ApiError(499, "the client closed the connection", None, "client_closed")
+    return done.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _streamed(worker: Worker, sample, adapter: bool, model: str, include_usage: bool, parse):
+    """Queue the job (a full queue is still a 503), then answer with its event stream."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+
+    def put(kind: str, value) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+
+    job = _submit(
+        worker,
+        sample,
+        adapter,
+        on_done=lambda a: put("done", a),
+        on_error=lambda e: put("error", e),
+        on_text=None if parse else (lambda delta: put("text", delta)),
+    )
+    chunks = _events(worker, job, events, model, include_usage, parse)
+    return StreamingResponse(chunks, media_type="text/event-stream")
+
+
+async def _events(worker: Worker, job, events: asyncio.Queue, model: str, include_usage, parse):
+    """Server-sent events: the role, text as it is decided (what is queued goes as one chunk),
+    the parsed message when tools were offered, the finish, the usage, [DONE]."""
+    base = proto.chunk_base(model)
+    over = False
+    try:
+        yield _frame(proto.delta_chunk(base, {"role": "assistant", "content": ""}))
+        while not over:
+            batch = [await events.get()]
+            while not events.empty():
+                batch.append(events.get_nowait())
+            text = "".join(value for kind, value in batch if kind == "text")
+            if text:
+                yield _frame(proto.delta_chunk(base, {"content": text}))
+            for kind, value in batch:
+                if kind == "error":
+                    over = True
+                    yield _frame({"error": _failure(value).body()["error"]})
+                elif kind == "done":
+                    over = True
+                    for chunk in _ending(base, value, include_usage, parse):
+                        yield _frame(chunk)
+                    yield "data: [DONE]\n\n"
+    finally:
+        if not over:  # the client went away: free the row
+            worker.cancel(job)
+
+
+def _ending(base: dict, answer, include_usage: bool, parse) -> list[dict]:
+    chunks = []
+    finish = None
+    if parse is not None:
+        message, finish = proto.message_of(answer.text, parse(answer.text))
+        chunks.append(proto.delta_chunk(base, proto.message_delta(message)))
+    chunks.append(proto.delta_chunk(base, {}, finish or answer.finish_reason))
+    if include_usage:
+        chunks.append(proto.usage_chunk(base, proto.usage_of(answer)))
+    return chunks
+
+
+def _frame(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
-
-
-async def _sse(chunks: list[dict]):
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-    yield "data: [DONE]\n\n"
+    headers = dict(e.headers or {})
+    if e.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)

@@ -1,10 +1,11 @@
 """The OpenAI chat-completions request and response shapes, and what we refuse.
 
-A request is validated in two steps: pydantic checks types and ranges, then `check_supported`
-refuses, with a 400 naming the field, what this server does not do (n > 1, logprobs,
-penalties, a response_format other than text, tool_choice "required" or a named function,
+A request is validated in steps: its JSON nesting depth is bounded (`check_depth`), pydantic
+checks types (strictly: `true` is not a number) and ranges, then `check_supported` refuses,
+with a 400 naming the field, what this server does not do (n > 1, logprobs, penalties, a
+response_format other than text, tool_choice "required" or a named function,
 parallel_tool_calls false beside tools). Messages are converted to the records `ChatFormat`
-renders. Nothing here generates.
+renders, in an order training accepts (`to_records`). Nothing here generates.
 """
 
 from __future__ import annotations
@@ -16,17 +17,27 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from retrograd.errors import DataError
+from retrograd.tokenizer.records import _check_order as check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
+
+MAX_DEPTH = 64  # nesting of JSON arrays and objects a body may have
 
 
 class ApiError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         kind = {401: "authentication_error", 404: "not_found_error"}.get(
@@ -38,7 +49,8 @@ class ApiError(Exception):
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored
+    # unknown OpenAI fields are ignored; strict: `max_tokens: true` is not 1, nor "2" a 2
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -60,6 +72,27 @@ class ChatRequest(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    ignore_eos: bool | None = None  # vLLM's extension: end-of-generation ids do not stop
+
+
+def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse a body nested deeper than `limit` arrays and objects (walked without recursion)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        elif not isinstance(value, list):
+            continue
+        if depth > limit:
+            raise too_deep(limit)
+        todo.extend((v, depth + 1) for v in value)
+
+
+def too_deep(limit: int = MAX_DEPTH) -> ApiError:
+    return ApiError(
+        400, f"the body nests arrays and objects deeper than {limit}", None, "invalid_json"
+    )
 
 
 def parse_request(data: Any) -> ChatRequest:
@@ -125,8 +158,19 @@ def tools_for_prompt(req: ChatRequest) -> list[dict] | None:
     return req.tools
 
 
-def to_records(messages: list[dict]) -> list[dict]:
-    """OpenAI messages -> the message records ChatFormat renders."""
+def to_records(messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
+    """OpenAI messages -> the message records ChatFormat renders; their order must be one
+    training accepts (no assistant first, no two user turns in a row outside tool use)."""
+    out = _records(messages)
+    tool_use = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in out)
+    try:
+        check_order(out, "messages", tool_use)
+    except DataError as e:
+        raise ApiError(400, str(e), "messages", "invalid_value") from None
+    return out
+
+
+def _records(messages: list[dict]) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -232,20 +276,39 @@ def completion_body(model: str, message: dict, finish: str, usage: dict) -> dict
     }
 
 
-def stream_chunks(body: dict, include_usage: bool) -> list[dict]:
-    """A finished completion as the chunks of a stream: the whole delta, then the finish."""
-    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    message = dict(body["choices"][0]["message"])
-    if "tool_calls" in message:
-        message["tool_calls"] = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
-    finish = body["choices"][0]["finish_reason"]
-    chunks = [
-        base | {"choices": [{"index": 0, "delta": message, "finish_reason": None}]},
-        base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
-    ]
-    if include_usage:
-        chunks.append(base | {"choices": [], "usage": body["usage"]})
-    return chunks
+def usage_of(answer) -> dict:
+    """OpenAI's usage of a `Completion`."""
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": len(answer.ids),
+        "total_tokens": answer.prompt_tokens + len(answer.ids),
+    }
+
+
+def chunk_base(model: str) -> dict:
+    """The fields every chunk of one stream shares."""
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
+def delta_chunk(base: dict, delta: dict, finish: str | None = None) -> dict:
+    return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def message_delta(message: dict) -> dict:
+    """A whole message as one delta: tool calls numbered by `index`, no role."""
+    delta = {k: v for k, v in message.items() if k != "role"}
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(delta["tool_calls"])]
+    return delta
+
+
+def usage_chunk(base: dict, usage: dict) -> dict:
+    return base | {"choices": [], "usage": usage}
 
 
 def model_entry(name: str, created: int) -> dict:
