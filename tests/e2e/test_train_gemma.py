@@ -19,6 +19,7 @@ DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
 
 
 def test_gemma_sft_adapter_matches_llama_cpp(gemma_path, gemma_f32, tmp_path, capsys):
+    # the reference's default passes: ctx 128 in passes of 32 tokens, one pass a step
     lines = (DEMO / "pirate-train.jsonl").read_text().splitlines()
     (tmp_path / "train.jsonl").write_text("\n".join(lines[:12]) + "\n")
     (tmp_path / "eval.jsonl").write_text((DEMO / "pirate-eval.jsonl").read_text())
@@ -36,8 +37,6 @@ targets = ["q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down"]
 [training]
 lr = 2e-3
 epochs = 2
-ctx = 64
-micro_batch = 64
 [sft]
 data = "train.jsonl"
 """)
