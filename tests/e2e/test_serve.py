@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -97,6 +98,91 @@ def test_streaming_sends_the_same_answer(client):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == plain.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_streaming_sends_tokens_as_they_are_generated(client):
+    start = time.monotonic()
+    stream = client.chat.completions.create(
+        model="base",
+        messages=HELLO,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    arrivals = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    # one chunk per token or few, spread over the generation (a finished answer sent in one
+    # piece, or buffered chunks, would arrive within milliseconds of each other)
+    assert len(arrivals) >= 8
+    assert arrivals[-1] - arrivals[0] > 0.25 * (arrivals[-1] - start)
+
+
+def test_an_answer_does_not_depend_on_its_batch_mates(client):
+    """The same requests alone, then joining a running batch of other lengths and settings."""
+    kw = dict(model="base", max_tokens=10, seed=7, extra_body={"ignore_eos": True})
+    asks = [
+        dict(messages=HELLO, temperature=0),
+        dict(messages=[{"role": "user", "content": "Name a colour."}], temperature=0.8),
+    ]
+    alone = [client.chat.completions.create(**kw, **a).choices[0].message.content for a in asks]
+    decoding = [threading.Event() for _ in range(3)]
+
+    def other(i: int):
+        stream = client.chat.completions.create(
+            model="base",
+            messages=[{"role": "user", "content": "Tell me a long story. " * (i + 1)}],
+            temperature=0.4 * i,
+            top_p=0.9,
+            max_tokens=24 + 4 * i,
+            seed=i,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                decoding[i].set()
+
+    others = [threading.Thread(target=other, args=(i,)) for i in range(3)]
+    for t in others:
+        t.start()
+    for d in decoding:
+        assert d.wait(timeout=120)
+    # the others are decoding: ours join mid-way
+    with ThreadPoolExecutor(2) as pool:
+        together = list(
+            pool.map(lambda a: client.chat.completions.create(**kw, **a).choices[0].message, asks)
+        )
+    for t in others:
+        t.join(timeout=300)
+    assert [m.content for m in together] == alone and all(alone)
+
+
+def test_a_tiny_temperature_answers_greedily(client):
+    kw = dict(model="base", messages=HELLO, max_tokens=8)
+    greedy = client.chat.completions.create(**kw, temperature=0)
+    tiny = client.chat.completions.create(**kw, temperature=1e-39)
+    assert tiny.choices[0].message.content == greedy.choices[0].message.content != ""
+    assert tiny.usage.completion_tokens == greedy.usage.completion_tokens
+
+
+def test_bodies_a_new_user_might_send(server, client):
+    url = server + "/chat/completions"
+    deep = '{"model": "base", "messages": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    r = httpx.post(url, content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="base", messages=HELLO, max_tokens=True)
+    assert err.value.param == "max_tokens"
+    for messages, where in (
+        ([{"role": "assistant", "content": "Hi."}, *HELLO], "message 0"),
+        ([*HELLO, *HELLO], "message 1"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="base", messages=messages)
+        assert err.value.param == "messages" and where in err.value.message
 
 
 def test_stop_strings_cut_the_answer(client):
@@ -194,6 +280,13 @@ def test_serve_refuses_an_open_bind_without_a_key(tmp_path, capsys):
     run = write_run(tmp_path)
     assert main(["serve", str(run), "--model", "x.gguf", "--host", "0.0.0.0", "--base-only"]) == 1
     assert "requires --api-key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-sequences", "0"), ("--max-queue", "-1")])
+def test_serve_refuses_batch_flags_out_of_range(tmp_path, capsys, flag, value):
+    run = write_run(tmp_path)
+    assert main(["serve", str(run), "--model", "x.gguf", "--base-only", flag, value]) == 1
+    assert f"{flag} {value}: must be at least" in capsys.readouterr().err
 
 
 def test_serve_checkpoint_names_the_exported_adapter(tmp_path, capsys, gemma_path):
