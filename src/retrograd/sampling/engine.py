@@ -21,6 +21,7 @@ nothing about chat templates or HTTP.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Callable
 
@@ -102,10 +103,10 @@ class Sampler:
     ) -> list[list[Completion]]:
         """Answers per request, in order. on_text(answer, delta) streams text as it is decided;
         answers are numbered across requests in order."""
-        starts = [sum(r.n for r in requests[:o]) for o in range(len(requests))]
+        starts = [0, *itertools.accumulate(r.n for r in requests)]  # first answer of each
         out: list[list[Completion]] = [[] for _ in requests]
-        batch = LiveBatch(self, max(1, sum(r.n for r in requests)))
-        for o, (req, base) in enumerate(zip(requests, starts, strict=True)):
+        batch = LiveBatch(self, max(1, starts[-1]))
+        for o, (req, base) in enumerate(zip(requests, starts[:-1], strict=True)):
             text = None
             if on_text is not None:
                 text = lambda j, delta, base=base: on_text(base + j, delta)  # noqa: E731

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import retrograd
 import retrograd.sampling.batch as batch_mod
 from retrograd.sampling import FINISH_LENGTH, Sampler, SampleRequest, SamplingParams
 from retrograd.sampling.batch import LiveBatch
@@ -14,18 +13,6 @@ NO_EOG = frozenset()  # tiny random models: never stop early unless a test asks
 PROMPT = [1, 300, 301, 17, 260, 400, 401, 402, 5]
 SHORT = [1, 90, 91]
 LONG = [1, *range(100, 130)]  # wider than the tiny gemma3's sliding window of 8
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model):
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
-        return cache[name]
-
-    return get
 
 
 def req(prompt, **kw) -> SampleRequest:

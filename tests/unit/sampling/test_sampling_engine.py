@@ -5,22 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import retrograd
 from retrograd.sampling import FINISH_LENGTH, FINISH_STOP, Sampler, SampleRequest, SamplingParams
 
 NO_EOG = frozenset()  # tiny random models: never stop early unless a test asks
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model):
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
-        return cache[name]
-
-    return get
 
 
 def params(**kw) -> SamplingParams:
