@@ -1,11 +1,13 @@
-"""Chat templates: every real template of llama.cpp's models/templates renders; our fallbacks
-equal llama.cpp's built-in formats; conversations of real templates get the right masks."""
+"""Chat templates: every real template of llama.cpp's models/templates renders as
+llama-cpp-python's own jinja renderer renders it; our fallbacks equal llama.cpp's built-in
+formats; conversations of real templates get the right masks and llama.cpp's ids."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from retrograd.tokenizer.conversation import ChatFormat
 from retrograd.tokenizer.fallbacks import FALLBACKS, chat_template, detect_family, special_text
 from retrograd.tokenizer.records import validate_record
 from retrograd.tokenizer.template import ChatTemplate, TemplateError
+from tests.oracles.test_tokenizer_parity import theirs
 
 pytestmark = pytest.mark.oracle
 
@@ -37,25 +40,85 @@ def tokenizer(path: str) -> Tokenizer:
         return Tokenizer.from_gguf(GGUFFile(path))
 
 
-def render_any(t: ChatTemplate, gen: bool) -> str:
-    try:
-        return t.render(CHAT, add_generation_prompt=gen)
-    except TemplateError:  # some templates refuse a system message
-        return t.render(CHAT[1:], add_generation_prompt=gen)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+        },
+    }
+]
+TOOL_CHAT = [
+    {"role": "user", "content": "What is 2+3?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call0", "type": "function",
+     "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+    {"role": "tool", "tool_call_id": "call0", "name": "add", "content": "5"},
+    {"role": "assistant", "content": "It is 5."},
+]  # fmt: skip
+# llama-cpp-python passes tools=None where we leave `tools` undefined; these templates iterate
+# `tools` unchecked, which fails on None: they get the empty catalog undefined iterates as.
+ITERATE_TOOLS = {
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+}
 
 
-def test_every_real_template_renders(llama_vendor):
+class Both:
+    """One template compiled by us and by llama-cpp-python's Jinja2ChatFormatter."""
+
+    def __init__(self, path: Path):
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        source = path.read_text()
+        self.name = path.name
+        self.ours = ChatTemplate(source, "<s>", "</s>", name=path.name)
+        self.theirs = Jinja2ChatFormatter(source, "</s>", "<s>")
+
+    def render(self, messages: list[dict], gen: bool, tools=None) -> tuple[str | None, ...]:
+        """(ours, theirs); None where one refuses."""
+        try:
+            ours = self.ours.render(messages, tools=tools, add_generation_prompt=gen)
+        except TemplateError:
+            ours = None
+        their_tools = tools if tools or self.name not in ITERATE_TOOLS else []
+        try:
+            self.theirs.add_generation_prompt = gen  # read at each call
+            theirs_text = self.theirs(messages=messages, tools=their_tools).prompt
+        except Exception:  # whatever the oracle raises is a refusal
+            theirs_text = None
+        return ours, theirs_text
+
+
+def test_every_real_template_renders_as_llama_cpp_python(llama_vendor):
+    """The same text as llama-cpp-python's renderer (transformers' conventions, in code we did
+    not write), or a refusal by both: with and without a system message and the generation
+    prompt, and a tool conversation with its catalog."""
     paths = sorted((llama_vendor / "templates").glob("*.jinja"))
     assert len(paths) >= 60
+    with_tools = 0
     for path in paths:
-        t = ChatTemplate(path.read_text(), "<s>", "</s>", name=path.name)
+        t = Both(path)
+        rendered = []
+        for messages in (CHAT, CHAT[1:]):  # some templates refuse a system message
+            for gen in (True, False):
+                ours, theirs_text = t.render(messages, gen)
+                assert ours == theirs_text, (path.name, len(messages), gen)
+                rendered.append(ours)
         if path.name in NEEDS_MORE:
+            assert rendered == [None] * 4, path.name
             with pytest.raises(TemplateError, match=NEEDS_MORE[path.name]):
-                render_any(t, True)
-            continue
-        text = render_any(t, True)
-        assert "What is 2+2?" in text and "Hello! How can I help?" in text, path.name
-        t.supports_tools  # noqa: B018  (the probe must not raise)
+                t.ours.render(CHAT[1:])
+        else:
+            text = rendered[0] or rendered[2]
+            assert "What is 2+2?" in text and "Hello! How can I help?" in text, path.name
+        ours, theirs_text = t.render(TOOL_CHAT, False, TOOLS)
+        assert ours == theirs_text, (path.name, "tools")
+        with_tools += ours is not None
+        t.ours.supports_tools  # noqa: B018  (the probe must not raise)
+    assert with_tools >= len(paths) - 12  # measured: 61 of 71 render the tool conversation
 
 
 def _llama_builtin(name: str, messages: list[dict], add_ass: bool) -> str:
@@ -130,15 +193,28 @@ REAL = [
 ]
 
 
+# Templates whose ids, tokenized turn by turn (conversation.py), differ from llama.cpp's
+# tokenization of the whole rendered text; the value says whether they still spell that text.
+PIECEWISE = {
+    "Qwen3.5-4B.jinja": True,  # ">\n" + "\n" where the whole text has one ">\n\n" token
+    # NOTE: a known defect: " \n" kept before each <|user|> after an assistant turn, which
+    # llama.cpp strips after Phi-3's special tokens (the piece after a turn is tokenized alone)
+    "microsoft-Phi-3.5-mini-instruct.jinja": False,
+}
+
+
+def _vocab_path(llama_vendor, gemma_path, name: str) -> Path:
+    return gemma_path if name == "gemma" else llama_vendor / f"ggml-vocab-{name}.gguf"
+
+
 def _vocab(llama_vendor, gemma_path, name: str) -> Tokenizer:
-    if name == "gemma":
-        return tokenizer(str(gemma_path))
-    return tokenizer(str(llama_vendor / f"ggml-vocab-{name}.gguf"))
+    return tokenizer(str(_vocab_path(llama_vendor, gemma_path, name)))
 
 
 @pytest.mark.parametrize("template,vocab", REAL)
 def test_real_template_masks(llama_vendor, gemma_path, template, vocab):
-    """Trained tokens are exactly each assistant reply and the end-of-turn token after it."""
+    """Trained tokens are exactly each assistant reply and the end-of-turn token after it; the
+    ids are llama.cpp's tokenization of the rendered text, except where PIECEWISE says."""
     tok = _vocab(llama_vendor, gemma_path, vocab)
     source = (llama_vendor / "templates" / template).read_text()
     bos, eos = special_text(tok, tok.bos_id), special_text(tok, tok.eos_id)
@@ -154,10 +230,14 @@ def test_real_template_masks(llama_vendor, gemma_path, template, vocab):
     assert "Hi there" not in trained and "What is 2+2?" not in trained
     eog = [i for i, m in zip(enc.ids, enc.train_mask, strict=True) if m and tok.is_eog(i)]
     assert len(eog) == 2, template  # one end-of-turn per assistant reply
-    assert (
-        enc.ids == tok.tokenize(enc.text, add_bos=True, parse_special=True)
-        or not enc.whole_text_equal
+    llama_ids = theirs(str(_vocab_path(llama_vendor, gemma_path, vocab))).tokenize(
+        enc.text.encode(), add_bos=True, special=True
     )
+    assert tok.tokenize(enc.text, add_bos=True, parse_special=True) == llama_ids, template
+    assert enc.whole_text_equal == (enc.ids == llama_ids), template
+    assert (enc.ids == llama_ids) == (template not in PIECEWISE), template
+    same_text = tok.detokenize(enc.ids, special=True) == tok.detokenize(llama_ids, special=True)
+    assert same_text == PIECEWISE.get(template, True), template
 
 
 TOOL_RECORD = {
@@ -200,8 +280,6 @@ def test_tool_record_through_a_tool_template(llama_vendor, raw):
 
 def test_gemma_conversation_ids_equal_llama(gemma_path):
     """Prompt ids for the Gemma fallback are what llama.cpp makes of the same text."""
-    from tests.oracles.test_tokenizer_parity import theirs
-
     tok = tokenizer(str(gemma_path))
     fmt = ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
     messages, tools = validate_record(TOOL_RECORD, "t.jsonl:1", fmt.tool_format)
