@@ -170,8 +170,15 @@ def packable(dtype: torch.dtype, device: torch.device, weight: FrozenTensor) -> 
         and dtype == torch.bfloat16
         and device.type == "cpu"
         and weight.cache.enabled
-        and torch.backends.mkldnn.is_available()
+        and _onednn_bf16()
     )
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """oneDNN packs bf16 weights only on CPUs with bf16 instructions (AVX512-BF16, AMX,
+    AVX-NE-CONVERT); elsewhere (an AVX2 machine running bf16 on request) its reorder raises."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int) -> torch.Tensor:

@@ -7,12 +7,19 @@ import torch
 
 import retrograd
 import retrograd.model.decode as decode
+from retrograd.model import frozen
 from retrograd.model.attention import fast_decode
 from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
 from tests.factories.adapters import write_adapter
 
 B, PROMPT, STEPS = 3, 7, 5  # decoding past the tiny gemma3's sliding window of 8
+# The graph reads oneDNN-packed bf16 weights, which oneDNN makes only on CPUs with bf16
+# instructions; elsewhere the decoder runs layer by layer (the last test here checks that).
+needs_packing = pytest.mark.skipif(
+    not frozen._onednn_bf16(),
+    reason="the decode graph needs oneDNN's bf16 packing (AMX, AVX512-BF16 or AVX-NE-CONVERT)",
+)
 
 
 def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor], KVCache]:
@@ -32,6 +39,7 @@ def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor]
     return out, cache
 
 
+@needs_packing
 @pytest.mark.parametrize(
     "name, adapter",
     [("gemma3", False), ("gemma3", True), ("llama3", False), ("qwen2", True), ("phi3", True)],
@@ -81,6 +89,7 @@ def test_decode_graph_equals_the_layer_by_layer_path(
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
 
 
+@needs_packing
 def test_decode_graph_is_not_used_for_exact_sampling(tiny_model):
     """Float32 compute (the exactness path) and the exact sampling context stay as they were."""
     path = tiny_model("gemma3")
@@ -105,3 +114,23 @@ def test_a_full_cache_is_refused_as_the_layer_by_layer_path_refuses_it(tiny_mode
         m.decoder(ids, 0, cache)
         with pytest.raises(ValueError, match="KV cache holds 4 positions, 5 requested"):
             m.decoder(ids[:, :1], 4, cache)
+
+
+def test_without_bf16_packing_bf16_decoding_runs_layer_by_layer(tiny_model, monkeypatch):
+    """A CPU whose oneDNN cannot pack bf16 weights (AVX2 only) still decodes in bf16 on
+    request: nothing is packed, no graph is taken, the numbers are the plain path's."""
+    monkeypatch.setattr(frozen, "_onednn_bf16", lambda: False)
+    m = retrograd.load(tiny_model("gemma3"), device="cpu", dtype=torch.bfloat16)
+    calls = []
+    layer = decode._layer
+    monkeypatch.setattr(decode, "_layer", lambda *a: calls.append(1) or layer(*a))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
+    pad = torch.tensor([0, 2, 4])
+    packed, _ = _decode(m, ids, pad)
+    assert calls == []
+    with monkeypatch.context() as mp:
+        mp.setattr(frozen, "packable", lambda *a: False)
+        plain, _ = _decode(m, ids, pad)
+    for a, b in zip(packed, plain, strict=True):
+        assert torch.equal(a, b)
