@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrograd.errors import DataError
-from retrograd.tokenizer.records import _check_order as check_order
+from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
 
 MAX_DEPTH = 64  # nesting of JSON arrays and objects a body may have

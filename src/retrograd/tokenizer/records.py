@@ -56,7 +56,7 @@ def validate_record(
     declared = {t["function"]["name"] for t in tools}
     msgs = [_message(m, i, where) for i, m in enumerate(copy.deepcopy(messages))]
     is_tool_record = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs)
-    _check_order(msgs, where, is_tool_record)
+    check_order(msgs, where, is_tool_record)
     _check_calls(msgs, where, declared, tool_format)
     if is_tool_record and msgs[-1]["role"] not in ("assistant", "tool"):
         raise DataError(
@@ -87,7 +87,7 @@ def _message(m: Any, i: int, where: str) -> dict:
     return m
 
 
-def _check_order(msgs: list[dict], where: str, is_tool_record: bool) -> None:
+def check_order(msgs: list[dict], where: str, is_tool_record: bool) -> None:
     prev = None
     for i, m in enumerate(msgs):
         role = m["role"]
