@@ -37,6 +37,7 @@ def run_and_kill(directory: Path, start: int, delay: float) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the saver ended on its own: {proc.stderr.read()}"
 
 
 def test_every_complete_checkpoint_loads_after_sigkill(tmp_path):
