@@ -1,8 +1,14 @@
-"""Evaluation and patience: loss and perplexity on trained tokens, improvement tracking."""
+"""Evaluation and patience: loss and perplexity on trained tokens, improvement tracking.
+
+Scores run in the decoder's compute dtype: a float32 decoder (what `retrograd bench` loads)
+gives llama.cpp's logits and a float32 loss; a bf16 one (evaluation during training) takes
+the bf16 vocabulary tiles of losses/ce.py, whose effect docs/exactness.md measures.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -12,19 +18,35 @@ from retrograd.losses.ce import token_nll_sum
 from retrograd.model.decoder import Decoder
 
 
+@dataclass(frozen=True)
+class ExampleNLL:
+    where: str  # the example's place ("data.jsonl:17")
+    nll: float  # summed over its trained tokens
+    tokens: int
+
+
 @torch.no_grad()
-def sft_loss(
+def example_nlls(
     decoder: Decoder, data: SFTDataset, limit: int | None = None, seq_chunk: int = 512
-) -> tuple[float, int]:
-    """(mean NLL over trained tokens, number of trained tokens) of the dataset."""
-    total, count = 0.0, 0
+) -> Iterator[ExampleNLL]:
+    """The summed NLL of each example's trained tokens, in order."""
     for ex in data.examples[:limit]:
         ids = torch.tensor([ex.ids], dtype=torch.long, device=decoder.device)
         h = decoder(ids)[0, :-1]  # (T - 1, n_embd)
         keep = torch.tensor(ex.mask[1:], dtype=torch.bool, device=decoder.device)
         targets = ids[0, 1:][keep]
-        total += float(token_nll_sum(decoder, h[keep], targets, seq_chunk=seq_chunk))
-        count += int(keep.sum())
+        nll = float(token_nll_sum(decoder, h[keep], targets, seq_chunk=seq_chunk))
+        yield ExampleNLL(ex.where, nll, int(keep.sum()))
+
+
+def sft_loss(
+    decoder: Decoder, data: SFTDataset, limit: int | None = None, seq_chunk: int = 512
+) -> tuple[float, int]:
+    """(mean NLL over trained tokens, number of trained tokens) of the dataset."""
+    total, count = 0.0, 0
+    for e in example_nlls(decoder, data, limit, seq_chunk):
+        total += e.nll
+        count += e.tokens
     return (total / count if count else float("nan")), count
 
 

@@ -28,8 +28,12 @@ def token_nll_sum(
     chunked: bool = True,
     tiles: int = 8,
     seq_chunk: int = 512,
+    head_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """h (N, n_embd) hidden states of the positions to score, targets (N,) -> scalar float32."""
+    """h (N, n_embd) hidden states of the positions to score, targets (N,) -> scalar float32.
+
+    head_dtype: the dtype of the frozen head's tiles (default: the decoder's compute dtype;
+    bench/loss_precision.py measures bf16 tiles against float32 ones, docs/exactness.md)."""
     if h.shape[0] == 0:
         return h.sum() * 0.0
     if not chunked:
@@ -41,7 +45,12 @@ def token_nll_sum(
         hc, tc = h[s : s + step], targets[s : s + step]
         if frozen is not None:
             total = total + _TiledHeadCE.apply(
-                hc, tc, frozen, decoder.compute_dtype, tiles, decoder.cfg.final_softcap
+                hc,
+                tc,
+                frozen,
+                head_dtype or decoder.compute_dtype,
+                tiles,
+                decoder.cfg.final_softcap,
             )
         else:
             total = total + checkpoint(_plain_sum, decoder, hc, tc, use_reentrant=False)
