@@ -100,7 +100,7 @@ def bench_sft(cfg, data: str, args) -> int:
         for lo in adapters.values():
             lo.enabled = enabled
         t = time.perf_counter()
-        loss, count = score(model.decoder, ds, n, "base model" if not enabled else str(label))
+        loss, count = score(model.decoder, ds, n, f"adapter {label}" if enabled else "base model")
         table.add_row(
             str(label),
             f"{loss:.4f}",
