@@ -410,3 +410,12 @@ def test_require_gpu_resident_refuses_a_run_on_the_cpu(tiny_model, tmp_path, cap
     err = capsys.readouterr().err
     assert "[training].require_gpu_resident = true: the run is on the CPU" in err
     assert not (tmp_path / "out" / "adapter.gguf").exists()
+
+
+def test_a_run_refused_for_its_data_leaves_no_folders(tiny_model, tmp_path, capsys):
+    run = write_run(tmp_path, tiny_model("llama"))
+    (tmp_path / "data.txt").write_text("  \n\t\n")
+    assert main(["train", str(run)]) == 1
+    assert "no text to train on" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ck").exists()
+    assert not (tmp_path / "tb").exists()

@@ -129,7 +129,9 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _check_writable(key: str, path: Path, folder: Path) -> None:
-    """Create `folder` if needed and a file in it: what the run will do, done now."""
+    """Create `folder` if needed and a file in it, as the run will, then remove what was made:
+    a run refused later (bad data) leaves no empty folders behind."""
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".retrograd-write-check-"):
@@ -139,6 +141,12 @@ def _check_writable(key: str, path: Path, folder: Path) -> None:
             f"{key} = {path}: cannot write in {folder} ({e.strerror or e}); "
             "choose a writable folder"
         ) from None
+    finally:
+        for made in missing:  # deepest first
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
 
 def rescue_paths(output: Path, run_file: str | Path | None) -> list[Path]:

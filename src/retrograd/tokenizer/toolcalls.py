@@ -261,7 +261,8 @@ class Gemma(ToolFormat):
         spans, items = [], []
         for m in self._BLOCK.finditer(text):
             spans.append(m.span())
-            for line in filter(str.strip, m.group(1).splitlines()):
+            # NOTE: "\n" only: splitlines would also cut at U+2028 inside a string argument
+            for line in filter(str.strip, m.group(1).split("\n")):
                 items.append(self._call(line.strip(), m.start(1), m.end(1)))
         unterminated = text.find("```tool_code", spans[-1][1] if spans else 0)
         if unterminated >= 0:

@@ -108,6 +108,14 @@ def test_formats_round_trip(name):
     assert parsed.content == ("" if name == "llama3" else "Let me check.")
 
 
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_line_separators_inside_arguments_stay_in_them(name):
+    # U+2028 / U+2029 / U+0085 are text, not line ends: a call's argument keeps them
+    calls = [ToolCall("note", {"text": "a\u2028b\u2029c\x85d"})]
+    parsed = FORMATS[name].parse(FORMATS[name].render(calls))
+    assert parsed.ok and list(parsed.calls) == calls
+
+
 @pytest.mark.parametrize(
     "name,text,kind",
     [
