@@ -27,24 +27,41 @@ class ExampleNLL:
 
 @torch.no_grad()
 def example_nlls(
-    decoder: Decoder, data: SFTDataset, limit: int | None = None, seq_chunk: int = 512
+    decoder: Decoder,
+    data: SFTDataset,
+    limit: int | None = None,
+    seq_chunk: int = 512,
+    *,
+    chunked: bool = True,
+    tiles: int = 8,
 ) -> Iterator[ExampleNLL]:
-    """The summed NLL of each example's trained tokens, in order."""
+    """The summed NLL of each example's trained tokens, in order ([training]'s
+    chunked_cross_entropy, chunked_ce_tiles and chunked_ce_seq_chunk: memory, not results)."""
     for ex in data.examples[:limit]:
         ids = torch.tensor([ex.ids], dtype=torch.long, device=decoder.device)
         h = decoder(ids)[0, :-1]  # (T - 1, n_embd)
         keep = torch.tensor(ex.mask[1:], dtype=torch.bool, device=decoder.device)
         targets = ids[0, 1:][keep]
-        nll = float(token_nll_sum(decoder, h[keep], targets, seq_chunk=seq_chunk))
+        nll = float(
+            token_nll_sum(
+                decoder, h[keep], targets, chunked=chunked, tiles=tiles, seq_chunk=seq_chunk
+            )
+        )
         yield ExampleNLL(ex.where, nll, int(keep.sum()))
 
 
 def sft_loss(
-    decoder: Decoder, data: SFTDataset, limit: int | None = None, seq_chunk: int = 512
+    decoder: Decoder,
+    data: SFTDataset,
+    limit: int | None = None,
+    seq_chunk: int = 512,
+    *,
+    chunked: bool = True,
+    tiles: int = 8,
 ) -> tuple[float, int]:
     """(mean NLL over trained tokens, number of trained tokens) of the dataset."""
     total, count = 0.0, 0
-    for e in example_nlls(decoder, data, limit, seq_chunk):
+    for e in example_nlls(decoder, data, limit, seq_chunk, chunked=chunked, tiles=tiles):
         total += e.nll
         count += e.tokens
     return (total / count if count else float("nan")), count

@@ -233,7 +233,14 @@ def _evaluate(
     cfg, model, held, pos: Position, patience: Patience, result: SFTResult, sinks
 ) -> None:
     t0 = time.perf_counter()
-    loss, _ = sft_loss(model.decoder, held, seq_chunk=cfg.training.chunked_ce_seq_chunk)
+    t = cfg.training
+    loss, _ = sft_loss(
+        model.decoder,
+        held,
+        seq_chunk=t.chunked_ce_seq_chunk,
+        chunked=t.chunked_cross_entropy,
+        tiles=t.chunked_ce_tiles,
+    )
     log.info(
         "evaluation at step %d: loss %.4f in %.2f s",
         pos.global_step,
