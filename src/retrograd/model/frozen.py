@@ -54,9 +54,13 @@ class DenseCache:
         key = (tuple(id(o) for o in owners), "packed", dtype)
         packed = self._store.get(key)
         if packed is None:
-            packed = torch.ops.mkldnn._reorder_linear_weight(self._rows_now(owners, dtype), 1)
+            rows = PACK_ROWS[dtype]
+            packed = torch.ops.mkldnn._reorder_linear_weight(self._rows_now(owners, dtype), rows)
             self._store[key] = packed
         return packed
+
+    def peek_packed(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor | None:
+        return self._store.get(((id(owner),), "packed", dtype))
 
     def stacked(self, owners: list[FrozenTensor], dtype: torch.dtype) -> torch.Tensor:
         """The dense copies of weights with one input, stacked by rows (cache on only)."""
@@ -145,17 +149,28 @@ class FrozenTensor:
         return out.reshape(*ids.shape, self.shape[-1])
 
 
-_PACKED = contextvars.ContextVar("retrograd_packed_weights", default=False)
+# The rows oneDNN lays a packed weight out for. float32 on an AVX2 CPU, Gemma's head at 1, 8 and
+# 32 rows: laid out for 1 row 52, 118, 169 ms; for 32 rows 56, 79, 128 ms. bf16 (AMX) for 1.
+PACK_ROWS = {torch.bfloat16: 1, torch.float32: 32}
+
+_PACKED: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
+    "retrograd_packed_weights", default=frozenset()
+)
 
 
 @contextlib.contextmanager
-def packed_weights(on: bool = True):
-    """Within this block, gradient-free bf16 matmuls on the CPU read cached frozen weights in
-    oneDNN's blocked layout: the same numbers bit for bit (tests/unit/model), but a decode
-    step's matrix-vector products run about twice as fast (the 262k x 640 head: 8 ms against
-    15 ms for one row). The sampler turns it on; the packed copies live in the dense cache,
-    so they exist only where the cache is on."""
-    token = _PACKED.set(on)
+def packed_weights(on: bool = True, float32: bool = False):
+    """Within this block, gradient-free matmuls on the CPU read cached frozen weights in
+    oneDNN's blocked layout. bf16 (where the CPU has bf16 instructions): the same numbers bit
+    for bit (tests/unit/model), but a decode step's matrix-vector products run about twice as
+    fast (the 262k x 640 head: 8 ms against 15 ms for one row). `float32` too (the fast
+    sampling context): oneDNN's f32 kernel rounds differently from the plain product (in the
+    last bits of a sum), and on an AVX2 CPU reads the
+    head 2-4x faster at 1-32 rows (95 -> 51 ms at one row, 231 -> 63 ms at eight). The sampler
+    turns it on; the packed copies live in the dense cache, so they exist only where the cache
+    is on (and cost as much memory as the dense copies again)."""
+    dtypes = {torch.bfloat16} | ({torch.float32} if float32 else set()) if on else set()
+    token = _PACKED.set(frozenset(dtypes))
     try:
         yield
     finally:
@@ -166,19 +181,18 @@ def packable(dtype: torch.dtype, device: torch.device, weight: FrozenTensor) -> 
     """Whether gradient-free products in `dtype` on `device` read packed copies of weights
     that share `weight`'s cache (see `packed_weights`)."""
     return (
-        _PACKED.get()
-        and dtype == torch.bfloat16
-        and device.type == "cpu"
-        and weight.cache.enabled
-        and _onednn_bf16()
+        dtype in _PACKED.get() and device.type == "cpu" and weight.cache.enabled and _onednn(dtype)
     )
 
 
 @functools.cache
-def _onednn_bf16() -> bool:
-    """oneDNN packs bf16 weights only on CPUs with bf16 instructions (AVX512-BF16, AMX,
-    AVX-NE-CONVERT); elsewhere (an AVX2 machine running bf16 on request) its reorder raises."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def _onednn(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of `dtype` here: float32 wherever it runs; bf16 only on
+    CPUs with bf16 instructions (AVX512-BF16, AMX, AVX-NE-CONVERT): elsewhere (an AVX2 machine
+    running bf16 on request) its reorder raises."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int) -> torch.Tensor:

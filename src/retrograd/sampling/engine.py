@@ -92,7 +92,9 @@ class Sampler:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        stack.enter_context(packed_weights())
+        # float32 weights are packed only for fast sampling: oneDNN's f32 kernel rounds unlike
+        # the plain product, and exact sampling must compute what training computes
+        stack.enter_context(packed_weights(float32=self.fast))
         return stack
 
     @torch.no_grad()

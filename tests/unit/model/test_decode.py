@@ -17,7 +17,7 @@ B, PROMPT, STEPS = 3, 7, 5  # decoding past the tiny gemma3's sliding window of 
 # The graph reads oneDNN-packed bf16 weights, which oneDNN makes only on CPUs with bf16
 # instructions; elsewhere the decoder runs layer by layer (the last test here checks that).
 needs_packing = pytest.mark.skipif(
-    not frozen._onednn_bf16(),
+    not frozen._onednn(torch.bfloat16),
     reason="the decode graph needs oneDNN's bf16 packing (AMX, AVX512-BF16 or AVX-NE-CONVERT)",
 )
 
@@ -119,7 +119,7 @@ def test_a_full_cache_is_refused_as_the_layer_by_layer_path_refuses_it(tiny_mode
 def test_without_bf16_packing_bf16_decoding_runs_layer_by_layer(tiny_model, monkeypatch):
     """A CPU whose oneDNN cannot pack bf16 weights (AVX2 only) still decodes in bf16 on
     request: nothing is packed, no graph is taken, the numbers are the plain path's."""
-    monkeypatch.setattr(frozen, "_onednn_bf16", lambda: False)
+    monkeypatch.setattr(frozen, "_onednn", lambda dtype: dtype != torch.bfloat16)
     m = retrograd.load(tiny_model("gemma3"), device="cpu", dtype=torch.bfloat16)
     calls = []
     layer = decode._layer

@@ -100,6 +100,27 @@ def test_frozen_linear_gradient_equals_dense_autograd(tiny_model):
     torch.testing.assert_close(x.grad, x2.grad)
 
 
+def test_packed_float32_products_only_for_fast_sampling(tiny_model):
+    """packed_weights(float32=True): oneDNN's f32 kernel, close to the plain product; without
+    float32=True (exact sampling) the plain product itself."""
+    from retrograd.model.frozen import frozen_linear, packed_weights
+
+    m = load(tiny_model("llama", "MOSTLY_Q4_K_M"))
+    weight = m.decoder.output.frozen  # 512 x 256, Q-typed
+    assert weight.cache.enabled
+    x = torch.randn(8, weight.shape[1])
+    with torch.no_grad():
+        plain = frozen_linear(x, weight)
+        with packed_weights():
+            assert torch.equal(frozen_linear(x, weight), plain)
+        with packed_weights(float32=True):
+            packed = frozen_linear(x, weight)
+            one = frozen_linear(x[:1], weight)
+        assert weight.cache.peek_packed(weight, torch.float32) is not None
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one, plain[:1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("style", [ROPE_NORM, ROPE_NEOX])
 def test_rope_is_a_rotation_of_the_right_pairs(style):
     torch.manual_seed(0)
