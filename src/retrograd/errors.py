@@ -41,3 +41,12 @@ class CheckpointError(RetrogradError):
 
 class TrainingError(RetrogradError):
     """Training cannot go on (a non-finite loss or gradient); the message names the step."""
+
+
+class RewardError(RetrogradError):
+    """A reward program failed a batch; the message names the key, the batch, the line and
+    quotes the program's stderr."""
+
+
+class JudgeError(RewardError):
+    """A command judge failed a group (GRPO's judge_failure decides what happens next)."""
