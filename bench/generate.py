@@ -1,7 +1,7 @@
 """Generation speed on Gemma 3 270M Q4_K_M, ours against llama.cpp, like with like, in one run.
 
   .venv/bin/python bench/generate.py [--threads 2] [--prompt 128] [--new 128] [--batches 1,8,32]
-                                     [--rounds 3]
+                                     [--rounds 3] [--side both|ours|llama.cpp]
 
 Each sequence has its own 128-token prompt and generates exactly 128 tokens greedily (end of
 generation ignored), so every run does the same work. Reported: generated tokens per second
@@ -14,6 +14,8 @@ single stream. Both sides get the same threads, n_batch 512 and process tuning
 The machine's speed drifts over minutes, so the first round measures every N and each later
 round measures both sides at 8 sequences again, back to back; the 8-sequence goal (ours above
 llama.cpp's 8 sequences) reads the median of the rounds' ratios.
+Memory: `--side ours` or `--side llama.cpp` measures one side alone in its own process and prints
+its peak RSS (ru_maxrss over loading and every N; the largest N dominates).
 Results go to docs/performance.md by hand, with this command.
 """
 
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -92,6 +95,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of both sides at 8 sequences")
+    ap.add_argument(
+        "--side",
+        choices=["both", "ours", "llama.cpp"],
+        default="both",
+        help="one side alone, in this process, with its peak RSS",
+    )
     args = ap.parse_args()
     tuning = tune()  # before torch: both sides get our process tuning
     import torch
@@ -102,10 +111,19 @@ def main() -> None:
     path = gemma()
     batches = [int(b) for b in args.batches.split(",")]
     tok = retrograd.load_tokenizer(path)
-    peer = LlamaBatched(path, args.threads, args.prompt + args.new + 8)
-    for b in batches:
-        peer.generate(prompts(tok, b + 1, args.prompt)[1:], WARM)
-    ours = Ours(path, batches, args.prompt)
+    if args.side != "ours":
+        peer = LlamaBatched(path, args.threads, args.prompt + args.new + 8)
+        for b in batches:
+            peer.generate(prompts(tok, b + 1, args.prompt)[1:], WARM)
+    if args.side != "llama.cpp":
+        ours = Ours(path, batches, args.prompt)
+    if args.side != "both":
+        for b in batches:
+            side = (ours.generate, "ours") if args.side == "ours" else (peer.generate, "llama.cpp")
+            timed(side[1], side[0], prompts(tok, b, args.prompt), args.new)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{args.side} alone: peak RSS {peak:,.0f} MiB (batches {args.batches})")
+        return
     rounds = []  # ({N: llama.cpp rate}, {N: our rate}) per round, measured back to back
     for r in range(args.rounds):
         theirs, mine = {}, {}

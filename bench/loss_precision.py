@@ -10,7 +10,7 @@ bench: what `retrograd bench` reports (a float32 model, the loss a float32 log-s
   with bf16 instructions: AMX or AVX512-BF16 CPUs, GPUs).
 
 tiles: training on this CPU computes in bf16, and the cross-entropy's head product runs tile
-  by tile in bf16 too (losses/ce.py): each logit is rounded to bf16 (8 significant bits)
+  by tile in bf16 too (model/logprobs.py): each logit is rounded to bf16 (8 significant bits)
   before the float32 softmax. What that does to the loss and to the LoRA gradient, on three
   windows of varied.txt (ctx 128) and two records of examples/demo/pirate-train.jsonl, with a
   LoRA of rank 8 on all seven projections whose B is drawn small (as after some training) so
@@ -41,7 +41,7 @@ import torch
 import retrograd
 from retrograd.algorithms.context import chat_format
 from retrograd.data.sft import Example, load_sft_data
-from retrograd.losses.ce import token_nll_sum
+from retrograd.model.logprobs import token_nll_sum
 from retrograd.trainable.lora import attach_lora
 
 TARGETS = ["q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down"]

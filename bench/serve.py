@@ -103,6 +103,12 @@ class Server:
             counts = list(pool.map(lambda t: self.ask(t, new, stream), texts))
         return [[0] * c for c in counts]
 
+    def peak_mib(self) -> float:
+        """The server process's peak RSS so far (Linux VmHWM)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        [line] = [x for x in status.splitlines() if x.startswith("VmHWM:")]
+        return int(line.split()[1]) / 1024
+
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=60)
@@ -144,10 +150,15 @@ def main() -> None:
                 rates["sampler"][n] = timed("sampler", ours.generate, ids[:n], args.new)
                 rates["llama.cpp"][n] = timed("llama.cpp", peer.generate, ids[:n], args.new)
             rounds.append(rates)
+        peak = server.peak_mib()
     finally:
         server.close()
     prompt_len = statistics.mean(len(p) for p in ids)
     report(rounds, args, tuning, prompt_len)
+    print(
+        f"serve's peak RSS: {peak:,.0f} MiB (its own process; the sampler's and llama.cpp's "
+        "alone: bench/generate.py --side ours|llama.cpp)"
+    )
 
 
 def report(rounds, args, tuning: str, prompt_len: float) -> None:

@@ -294,10 +294,10 @@ def worker_ours(args) -> dict:
             info.update(dtype=str(model.dtype), cache=model.report.describe())
             reset_hwm()
 
-        def step(self, global_step, epoch, loss, lr, tokens, seconds):
+        def step(self, global_step, epoch, values, tokens, seconds):
             if tokens == CTX:  # the text's short last window is not timed
                 ends.append(time.perf_counter())
-                losses.append(loss)
+                losses.append(values["train/loss"])
 
     run_sft(load_run(run_file), sinks=Clock(quiet=True))
     threads = torch.get_num_threads()

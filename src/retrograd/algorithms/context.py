@@ -76,3 +76,16 @@ def preflight_check(model: Model, training, console=None) -> None:
         console.print(
             f"[yellow]preflight[/]: operations fall back off {model.device.type}: {listed}"
         )
+
+
+def check_same_tokenizer(model: Model, other: Model, where: str) -> None:
+    """A reference or teacher must read and write the same token ids as the trained model."""
+    from retrograd.errors import ConfigError
+
+    keys = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
+    for key in keys:
+        if model.gguf.get(key) != other.gguf.get(key):
+            raise ConfigError(
+                f"{where} = {other.gguf.path}: its tokenizer differs from the model's "
+                f"({key}); the reference must share the model's vocabulary"
+            )

@@ -2,7 +2,7 @@
 
 Scores run in the decoder's compute dtype: a float32 decoder (what `retrograd bench` loads)
 gives llama.cpp's logits and a float32 loss; a bf16 one (evaluation during training) takes
-the bf16 vocabulary tiles of losses/ce.py, whose effect docs/exactness.md measures.
+the bf16 vocabulary tiles of model/logprobs.py, whose effect docs/exactness.md measures.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from retrograd.data.sft import SFTDataset
-from retrograd.losses.ce import token_nll_sum
 from retrograd.model.decoder import Decoder
+from retrograd.model.logprobs import token_nll_sum
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,19 @@
 """What a loop leaves behind: metrics, checkpoints, resume and the final output.
 
-The SFT loop (and later loops) call these functions at fixed points; this module maps them to
+Every loop (sft.py, grpo.py) calls these functions at fixed points with its own records: a
+`Mark` says where the loop stands (what a checkpoint keeps of its position), a trajectory dict
+what of its section changes the steps, a values dict its metrics. This module maps them to
 observe/ (progress, TensorBoard, W&B), checkpoint/ (.state directories) and gguf/ (the adapter
-export). It knows the run file's sections, not the training math.
+export). It reads the shared sections ([training], [lora], [checkpoint], [metrics], [output]),
+never an algorithm's own section, and knows no training math.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,17 +38,25 @@ from retrograd.checkpoint import (
 )
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
 from retrograd.checkpoint.rng import capture_rng, restore_rng
-from retrograd.errors import CheckpointError, ConfigError, TrainingError
+from retrograd.errors import ConfigError, TrainingError
 from retrograd.gguf.lora_export import write_lora_adapter
-from retrograd.observe import Metrics, RunInfo, names
+from retrograd.observe import Metrics, RunInfo
 from retrograd.optim import base_lr, lr_at
 from retrograd.trainable.plan import trained_parameters
 
-if TYPE_CHECKING:
-    from retrograd.algorithms.sft import Position
 
+@dataclass
+class Mark:
+    """What a checkpoint keeps of a loop's position: its step, the resume boundary (epoch or
+    update), where it reads its data, loop-specific counters, and artifacts (callables giving
+    bytes, called only when a checkpoint is written)."""
 
-WINDOW = "window-kv.msgpack"  # artifact: the keys and values of a window cut by a checkpoint
+    global_step: int
+    epoch: int = 0
+    update: int = 0
+    dataset: DatasetPosition = field(default_factory=lambda: DatasetPosition(0, 0))
+    extra: dict = field(default_factory=dict)
+    artifacts: dict[str, Callable[[], bytes]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,9 @@ class RunIdentity:
     trajectory: dict  # settings that change which steps happen and what they compute
 
     @classmethod
-    def of(cls, cfg, architecture: str, train, held, plan) -> RunIdentity:
+    def of(cls, cfg, architecture: str, data: dict, plan, algorithm_settings: dict) -> RunIdentity:
+        """data: {role: fingerprint} of the files read; algorithm_settings: the loop's own
+        settings that change its steps (its section's keys)."""
         t = cfg.training
         trajectory = {
             "ctx": t.ctx,
@@ -73,8 +86,7 @@ class RunIdentity:
             "optimizer": t.optimizer,
             "weight_decay": t.weight_decay,
             "max_grad_norm": t.max_grad_norm,
-            "shuffle": cfg.sft.shuffle,
-            "template_variables": dict(cfg.sft.template_variables),
+            **algorithm_settings,
             "lora": {
                 "rank": plan.rank,
                 "alpha": plan.alpha,
@@ -82,13 +94,10 @@ class RunIdentity:
                 "targets": [p.name for p in plan.trained],
             },
         }
-        data = settings_signature(
-            {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None}
-        )
         return cls(
             architecture,
             model_identity(cfg.model.path),
-            data,
+            settings_signature(data),
             cfg.run.algorithm,
             json.loads(json.dumps(trajectory, default=str)),
         )
@@ -106,25 +115,38 @@ class Sinks:
     def quiet(cls) -> Sinks:
         return cls(quiet=True)
 
-    def start(self, cfg, model, train, held, plan, total_steps: int, initial_step: int = 0) -> None:
-        """Print what the run is about to do and open the metric sinks."""
+    def start(
+        self,
+        cfg,
+        model,
+        plan,
+        total_steps: int,
+        *,
+        data: tuple[Path, str],
+        held: tuple[Path, str] | None = None,
+        iterations: int,
+        initial_step: int = 0,
+    ) -> None:
+        """Print what the run is about to do and open the metric sinks. data, held: (path,
+        one-line description) of the training and evaluation files; iterations: epochs or
+        updates."""
         self.plan_lines = plan.describe()
         if self.quiet:
             return
         con = self.console
         con.print(f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}")
-        con.print(f"data: {train.describe()}")
+        con.print(f"data: {data[1]}", markup=False)
         if held is not None:
-            con.print(f"evaluation: {held.describe()}")
+            con.print(f"evaluation: {held[1]}", markup=False)
         for line in self.plan_lines:
             con.print(line, markup=False)  # "[lora].targets" is text, not rich markup
         m = cfg.metrics
         info = RunInfo(
             cfg.run.algorithm,
             str(cfg.model.path),
-            str(cfg.sft.data),
-            str(cfg.evaluation.data) if cfg.evaluation else None,
-            cfg.training.epochs,
+            str(data[0]),
+            str(held[0]) if held else None,
+            iterations,
             cfg.training.lr,
             cfg.training.lr_scheduler,
             cfg.training.warmup_steps,
@@ -145,34 +167,24 @@ class Sinks:
             self.metrics.progress.global_step = global_step
 
     def step(
-        self, global_step: int, epoch: int, loss: float, lr: float, tokens: int, seconds: float
+        self, global_step: int, epoch: int, values: dict[str, float], tokens: int, seconds: float
     ) -> None:
+        """One optimizer step's metrics, by their names (observe/names.py)."""
         if self.metrics is not None:
-            self.metrics.step(
-                global_step, epoch, {names.TRAIN_LOSS: loss, names.LEARNING_RATE: lr}, tokens=tokens
-            )
+            self.metrics.step(global_step, epoch, values, tokens=tokens)
 
-    def evaluation(
-        self, epoch: int, global_step: int, loss: float, ppl: float, improved: bool, patience
-    ) -> None:
+    def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
         if self.metrics is not None:
-            self.metrics.evaluation(
-                global_step, {names.EVAL_LOSS: loss, names.EVAL_PERPLEXITY: ppl}, improved=improved
-            )
+            self.metrics.evaluation(global_step, values, improved=improved)
 
     def checkpoint(self, path: Path, global_step: int) -> None:
         if self.metrics is not None:
             self.metrics.checkpoint(path, global_step)
 
-    def finish(self, result, model) -> None:
+    def finish(self, summary: dict[str, object]) -> None:
+        """The end-of-run summary lines, {label: value}."""
         if self.metrics is not None:
-            self.metrics.finish(
-                {
-                    "adapter": str(result.output),
-                    "epochs": result.epochs_done,
-                    "stopped early": "yes (patience)" if result.stopped_early else "no",
-                }
-            )
+            self.metrics.finish(summary)
 
     def fail(self, message: str) -> None:
         if self.metrics is not None:
@@ -203,7 +215,7 @@ def export_output(cfg, model, plan, adapters, path: Path | None = None) -> Path:
 
 
 def export_or_keep(
-    cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total
+    cfg, model, run_file, run, mark: Mark, named, optimizer, plan, adapters, patience, total
 ) -> Path:
     """The final export; when it fails, the trained adapter is kept (a checkpoint, else a file
     beside the run file or in the temporary folder) and the error says where."""
@@ -211,7 +223,7 @@ def export_or_keep(
         return export_output(cfg, model, plan, adapters)
     except Exception as e:  # any failure: the training must not be lost with it
         error = e
-    kept = _keep(cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total)
+    kept = _keep(cfg, model, run_file, run, mark, named, optimizer, plan, adapters, patience, total)
     where = f"kept in {kept}" if kept is not None else "could not be kept anywhere either"
     raise TrainingError(
         f"[output].path = {cfg.output.path}: the adapter could not be written "
@@ -219,13 +231,13 @@ def export_or_keep(
     ) from error
 
 
-def _keep(cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, total):
+def _keep(cfg, model, run_file, run, mark, named, optimizer, plan, adapters, patience, total):
     if cfg.checkpoint is not None:
         try:
-            state = _state(cfg, run, pos, named, optimizer, plan, patience, total)
+            state = _state(cfg, run, mark, named, optimizer, plan, patience, total)
             directory = cfg.checkpoint.directory
-            save_checkpoint(directory, step_id(pos.global_step), state)
-            return Path(directory) / f"{step_id(pos.global_step)}.gguf"
+            save_checkpoint(directory, step_id(mark.global_step), state)
+            return Path(directory) / f"{step_id(mark.global_step)}.gguf"
         except Exception:
             pass
     for place in rescue_paths(Path(cfg.output.path), run_file):
@@ -257,11 +269,10 @@ def find_resume(cfg, resume) -> tuple[CheckpointState, str] | None:
 
 def restore(
     found: tuple[CheckpointState, str], run: RunIdentity, named, optimizer, patience
-) -> tuple[Position, bytes | None]:
-    """Put adapters, optimizer, RNGs and patience back; the position to continue from and,
-    inside a window, its saved keys and values (step.window_bytes)."""
-    from retrograd.algorithms.sft import Position
-
+) -> CheckpointState:
+    """Put adapters, optimizer, RNGs and patience back, after checking the checkpoint belongs
+    to this run; the loop reads its position from the returned state (dataset, progress,
+    artifacts)."""
     state, source = found
     if state.optimizer.kind != cfg_kind(run):
         raise ConfigError(
@@ -288,15 +299,7 @@ def restore(
         state.progress.best_metric if state.progress.best_metric is not None else patience.best
     )
     patience.stale = state.progress.stale_evaluations
-    ds = state.dataset
-    pos = Position(ds.epoch, ds.index, int(ds.extra.get("group", 0)), state.global_step)
-    window = state.artifacts.get(WINDOW)
-    if pos.group and window is None:
-        raise CheckpointError(
-            f"cannot resume from {source}: it stops inside a window but holds no window cache "
-            "(written by an earlier version); resume from a checkpoint between examples"
-        )
-    return pos, window
+    return state
 
 
 def cfg_kind(run: RunIdentity) -> str:
@@ -304,16 +307,18 @@ def cfg_kind(run: RunIdentity) -> str:
 
 
 def _state(
-    cfg, run: RunIdentity, pos, named, optimizer, plan, patience, total: int, window=None
+    cfg, run: RunIdentity, mark: Mark, named, optimizer, plan, patience, total: int
 ) -> CheckpointState:
     t = cfg.training
     rate = base_lr(t, cfg.optimizer)
-    lr = lr_at(max(0, pos.global_step - 1), total, rate, t.lr_scheduler, t.warmup_steps)
+    lr = lr_at(max(0, mark.global_step - 1), total, rate, t.lr_scheduler, t.warmup_steps)
     tensors = adapter_arrays(named)
     best = patience.best if patience.best != float("inf") else None
     return CheckpointState(
         architecture=run.architecture,
-        progress=Progress(pos.global_step, pos.epoch, 0, best, patience.stale),
+        progress=Progress(
+            mark.global_step, mark.epoch, mark.update, best, patience.stale, dict(mark.extra)
+        ),
         identity=Identity(
             run.model.signature,
             run.model.bytes,
@@ -323,7 +328,7 @@ def _state(
             run.trajectory,
             __version__,
         ),
-        scheduler=SchedulerState(t.lr_scheduler, pos.global_step, total, rate, t.warmup_steps, lr),
+        scheduler=SchedulerState(t.lr_scheduler, mark.global_step, total, rate, t.warmup_steps, lr),
         optimizer=optimizer_state(
             optimizer,
             [n for n, _ in named],
@@ -331,38 +336,42 @@ def _state(
             hyper={"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm},
         ),
         rng=capture_rng(seeds={"lora": cfg.lora.seed}),
-        dataset=DatasetPosition(pos.epoch, pos.index, {"group": pos.group}),
+        dataset=mark.dataset,
         adapter=AdapterState(plan.rank, plan.alpha, plan.dtype, tensors),
         trainable_plan=plan.as_dict(),
-        artifacts={WINDOW: window()} if window is not None else {},
+        artifacts={name: make() for name, make in mark.artifacts.items()},
     )
+
+
+def checkpoint_due(cfg, before: int, after: int) -> bool:
+    """Whether a `steps` checkpoint falls in optimizer steps (before, after]: a loop that
+    makes several steps between two points where it can stop checks them at once."""
+    ck = cfg.checkpoint
+    if ck is None or ck.mode not in ("steps", "steps_and_best_eval"):
+        return False
+    return after // ck.every_steps > before // ck.every_steps
 
 
 def maybe_checkpoint(
-    cfg, run, pos, named, optimizer, plan, patience, total, sinks, window=None
+    cfg, run, mark: Mark, named, optimizer, plan, patience, total, sinks, before=None
 ) -> None:
-    """A `steps` checkpoint when one is due. `window`: a callable giving the current window's
-    cache bytes when the position is inside a window (called only when a checkpoint is due)."""
-    ck = cfg.checkpoint
-    if (
-        ck is None
-        or ck.mode not in ("steps", "steps_and_best_eval")
-        or pos.global_step % ck.every_steps
-    ):
+    """A `steps` checkpoint when one is due at mark.global_step (or anywhere after `before`)."""
+    before = mark.global_step - 1 if before is None else before
+    if not checkpoint_due(cfg, before, mark.global_step):
         return
     path = save_checkpoint(
-        ck.directory,
-        step_id(pos.global_step),
-        _state(cfg, run, pos, named, optimizer, plan, patience, total, window),
+        cfg.checkpoint.directory,
+        step_id(mark.global_step),
+        _state(cfg, run, mark, named, optimizer, plan, patience, total),
     )
-    sinks.checkpoint(path, pos.global_step)
+    sinks.checkpoint(path, mark.global_step)
 
 
-def save_best(cfg, run, pos, named, optimizer, plan, patience, total, sinks) -> None:
+def save_best(cfg, run, mark: Mark, named, optimizer, plan, patience, total, sinks) -> None:
     ck = cfg.checkpoint
     if ck is None or ck.mode not in ("best_eval", "steps_and_best_eval"):
         return
     path = save_checkpoint(
-        ck.directory, "best", _state(cfg, run, pos, named, optimizer, plan, patience, total)
+        ck.directory, "best", _state(cfg, run, mark, named, optimizer, plan, patience, total)
     )
-    sinks.checkpoint(path, pos.global_step)
+    sinks.checkpoint(path, mark.global_step)

@@ -32,12 +32,15 @@ from retrograd.algorithms.step import (
     restore_window,
     window_bytes,
 )
+from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
-from retrograd.errors import TrainingError
+from retrograd.errors import CheckpointError, TrainingError
+from retrograd.observe import names
 from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
+WINDOW = "window-kv.msgpack"  # artifact: the keys and values of a window cut by a checkpoint
 
 
 @dataclass
@@ -48,6 +51,28 @@ class Position:
     index: int = 0  # position in the epoch's permutation
     group: int = 0  # optimizer-step group within the example
     global_step: int = 0
+
+    def mark(self, window=None) -> persist.Mark:
+        """What a checkpoint keeps; `window` gives the cache bytes inside a window."""
+        return persist.Mark(
+            self.global_step,
+            epoch=self.epoch,
+            dataset=DatasetPosition(self.epoch, self.index, {"group": self.group}),
+            artifacts={WINDOW: window} if window is not None else {},
+        )
+
+    @classmethod
+    def restored(cls, state, source: str) -> tuple[Position, bytes | None]:
+        """The position a checkpoint holds and, inside a window, its saved keys and values."""
+        ds = state.dataset
+        pos = cls(ds.epoch, ds.index, int(ds.extra.get("group", 0)), state.global_step)
+        window = state.artifacts.get(WINDOW)
+        if pos.group and window is None:
+            raise CheckpointError(
+                f"cannot resume from {source}: it stops inside a window but holds no window "
+                "cache (written by an earlier version); resume from a checkpoint between examples"
+            )
+        return pos, window
 
 
 @dataclass
@@ -108,7 +133,13 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
     optimizer = build_optimizer(params, training, cfg.optimizer)
     rate = base_lr(training, cfg.optimizer)
     steps = total_steps(train, training)
-    run = persist.RunIdentity.of(cfg, model.config.name, train, held, plan)
+    run = persist.RunIdentity.of(
+        cfg,
+        model.config.name,
+        {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None},
+        plan,
+        {"shuffle": cfg.sft.shuffle, "template_variables": dict(cfg.sft.template_variables)},
+    )
     sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
@@ -119,8 +150,18 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
     )
     found = persist.find_resume(cfg, resume)
     if found is not None:
-        pos, window = persist.restore(found, run, named, optimizer, patience)
-    sinks.start(cfg, model, train, held, plan, steps, initial_step=pos.global_step)
+        state = persist.restore(found, run, named, optimizer, patience)
+        pos, window = Position.restored(state, found[1])
+    sinks.start(
+        cfg,
+        model,
+        plan,
+        steps,
+        data=(train.path, train.describe()),
+        held=(held.path, held.describe()) if held is not None else None,
+        iterations=training.epochs,
+        initial_step=pos.global_step,
+    )
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
 
@@ -153,7 +194,8 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
                 result.tokens += tokens
                 result.last_loss = loss
                 seconds = time.perf_counter() - t0
-                sinks.step(pos.global_step, epoch, loss, lr, tokens, seconds)
+                values = {names.TRAIN_LOSS: loss, names.LEARNING_RATE: lr}
+                sinks.step(pos.global_step, epoch, values, tokens, seconds)
                 log.debug(
                     "step %d (%s, group %d/%d): %d tokens, loss %.4f, lr %.3g, %.3f s",
                     pos.global_step,
@@ -172,32 +214,30 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
                         _evaluate(cfg, model, held, pos, patience, result, sinks)
                         if result.last_eval_improved:
                             persist.save_best(
-                                cfg, run, pos, named, optimizer, plan, patience, steps, sinks
+                                cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks
                             )
                 end = groups[g].end
+                window = (lambda c=cache, e=end: window_bytes(c, e)) if pos.group else None
                 persist.maybe_checkpoint(
-                    cfg,
-                    run,
-                    pos,
-                    named,
-                    optimizer,
-                    plan,
-                    patience,
-                    steps,
-                    sinks,
-                    window=(lambda c=cache, e=end: window_bytes(c, e)) if pos.group else None,
+                    cfg, run, pos.mark(window), named, optimizer, plan, patience, steps, sinks
                 )
         if patience.stop:
             result.stopped_early = True
             break
     # 5. export; if that fails, the trained adapter is kept elsewhere and the error says where
     persist.export_or_keep(
-        cfg, model, run_file, run, pos, named, optimizer, plan, adapters, patience, steps
+        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
     )
     result.global_step = pos.global_step
     result.best_eval = patience.best if patience.best != float("inf") else None
     result.seconds = time.perf_counter() - started
-    sinks.finish(result, model)
+    sinks.finish(
+        {
+            "adapter": str(result.output),
+            "epochs": result.epochs_done,
+            "stopped early": "yes (patience)" if result.stopped_early else "no",
+        }
+    )
     return result
 
 
@@ -250,7 +290,9 @@ def _evaluate(
     result.last_eval_improved = patience.update(loss)
     result.evals.append((pos.global_step, loss))
     sinks.evaluation(
-        pos.epoch, pos.global_step, loss, perplexity(loss), result.last_eval_improved, patience
+        pos.global_step,
+        {names.EVAL_LOSS: loss, names.EVAL_PERPLEXITY: perplexity(loss)},
+        result.last_eval_improved,
     )
 
 

@@ -20,9 +20,9 @@ import torch
 
 from retrograd.data.sft import Example
 from retrograd.errors import CheckpointError, TrainingError
-from retrograd.losses.ce import token_nll_sum
 from retrograd.model.decoder import Decoder
 from retrograd.model.kv_cache import KVCache
+from retrograd.model.logprobs import token_nll_sum
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,14 @@ from retrograd.errors import RetrogradError
 
 # name -> (module, one-line help). Modules import torch only inside run().
 COMMANDS = {
-    "train": ("retrograd.cli.train", "train as a run file describes (sft)"),
+    "train": ("retrograd.cli.train", "train as a run file describes (sft, grpo)"),
     "bench": (
         "retrograd.cli.bench",
-        "measure loss and perplexity of the base model and an adapter",
+        "measure the base model and an adapter: loss (sft) or rewards (grpo)",
+    ),
+    "profile": (
+        "retrograd.cli.profile",
+        "time and memory per phase of a short GRPO workload",
     ),
     "inspect": (
         "retrograd.cli.inspect",

@@ -19,6 +19,22 @@ from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError
 
 
+def _sft():
+    from retrograd.algorithms.sft import run_sft
+
+    return run_sft
+
+
+def _grpo():
+    from retrograd.algorithms.grpo import run_grpo
+
+    return run_grpo
+
+
+# [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
+LOOPS = {"sft": _sft, "grpo": _grpo}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG.toml", help="the run file")
     p.add_argument(
@@ -38,18 +54,18 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
 
     cfg = load_run(args.config, model=args.model, device=args.device, resume=args.resume)
-    if cfg.run.algorithm != "sft":
+    if cfg.run.algorithm not in LOOPS:
         raise ConfigError(
-            f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: this version trains sft; "
-            "the file is valid, its loop is not available yet"
+            f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: this version trains "
+            f"{' and '.join(LOOPS)}; the file is valid, its loop is not available yet"
         )
     from retrograd.algorithms.persist import Sinks
-    from retrograd.algorithms.sft import run_sft
 
+    loop = LOOPS[cfg.run.algorithm]()
     console = Console()
     sinks = Sinks(console=console)
     try:
-        run_sft(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
+        loop(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
     except KeyboardInterrupt:
         sinks.fail("interrupted")
         raise

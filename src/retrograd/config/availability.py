@@ -48,17 +48,18 @@ YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
 _LATER_ALGORITHM = {
     name: _entry(LATER, f"with {name}: `train` refuses {name} until its loop lands")
-    for name in ("ppo", "grpo", "distill", "preference", "agent")
+    for name in ("ppo", "distill", "preference", "agent")
 }
 _LATER_ALGORITHM["agent"] = _entry(
     LATER, "with agent_grpo: `train` refuses agent_grpo until its loop lands"
 )
 _ROLLOUTS_ONLY = "refused for sft; {} read it, refused by `train` until they land"
+_GRPO_TOO = "refused for sft; honoured by grpo; {} read it, refused by `train` until they land"
 
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
     ("run", "algorithm"): _entry(
-        HONOURED, "sft trains; `train` refuses the other algorithms until their loops land"
+        HONOURED, "sft and grpo train; `train` refuses the others until their loops land"
     ),
     ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
     ("model", "path"): YES,
@@ -112,16 +113,22 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"
     ),
     ("training", "generation_concurrency"): _entry(
-        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and distill")
+        NOT_READ, _GRPO_TOO.format("agent_grpo and distill")
     ),
     ("training", "generation_batch"): _entry(
-        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and distill")
+        NOT_READ,
+        "refused for sft; with grpo not available in this version (prompts prefill in chunks "
+        "of 512 tokens); agent_grpo and distill read it, refused by `train` until they land",
     ),
     ("training", "shared_prefix_fanout"): _entry(
-        NOT_READ, _ROLLOUTS_ONLY.format("grpo, agent_grpo and preference")
+        NOT_READ,
+        "refused for sft; grpo honours auto (a group's answers scored after one pass over "
+        "their prompt, as many as fit micro_batch) and off, and refuses max and numbers (not "
+        "available in this version); agent_grpo and preference read it, refused by `train` "
+        "until they land",
     ),
     ("training", "fast_sampling_context"): _entry(
-        ELSEWHERE, "read by chat and serve; an sft run samples nothing"
+        ELSEWHERE, "read by grpo, chat and serve; an sft run samples nothing"
     ),
     ("training", "kv_dtype"): _entry(
         HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
@@ -157,18 +164,23 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("evaluation", "data"): YES,
     ("evaluation", "every_iterations"): YES,
     ("evaluation", "max_examples"): _entry(
-        NOT_READ, _ROLLOUTS_ONLY.format("ppo, grpo, agent_grpo and on-policy distill")
+        NOT_READ, _GRPO_TOO.format("ppo, agent_grpo and on-policy distill")
     ),
     ("evaluation", "patience"): YES,
     ("evaluation", "min_delta"): YES,
     ("checkpoint", "*"): YES,
     ("metrics", "*"): YES,
-    ("observe", "*"): _entry(NOT_READ, _ROLLOUTS_ONLY.format("ppo, grpo and agent_grpo")),
+    ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo and agent_grpo")),
     ("reference", "*"): _entry(
         NOT_READ,
-        _ROLLOUTS_ONLY.format("KL penalties and dpo/ipo (grpo, agent_grpo, distill, preference)"),
+        _GRPO_TOO.format("KL penalties and dpo/ipo (agent_grpo, distill, preference)"),
     ),
     ("sft", "*"): YES,
+    ("grpo", "*"): _entry(
+        HONOURED,
+        'honoured by grpo; a [grpo.judge] of type "ruler" is not available in this version '
+        '(use type = "command")',
+    ),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
         LATER,
@@ -227,13 +239,34 @@ UNAVAILABLE_VALUES = (
         lambda d, value: value == "gefen" and d.mode in ("lora", "hybrid"),
         "adapters train with adamw, sgd or muon",
     ),
+    Unavailable(
+        "grpo.judge",
+        "type",
+        lambda d, value: value == "ruler",
+        'the LLM judge comes later; use type = "command" with a judge program',
+    ),
+    Unavailable(
+        "training",
+        "generation_batch",
+        lambda d, value: d.algorithm == "grpo" and d.get("training").is_set("generation_batch"),
+        "grpo prefills prompts in chunks of 512 tokens; leave it out",
+    ),
+    Unavailable(
+        "training",
+        "shared_prefix_fanout",
+        lambda d, value: d.algorithm == "grpo" and value not in ("auto", "off"),
+        "grpo packs as many answers of a group as fit micro_batch; use auto or off",
+    ),
 )
 
 
 @rule
 def unavailable_values(d: Draft) -> Iterator[Issue]:
     for item in UNAVAILABLE_VALUES:
-        section = d.get(item.table)
+        first, *rest = item.table.split(".")
+        section = d.get(first)
+        for part in rest:
+            section = getattr(section, part, None) if section is not None else None
         if section is None:
             continue
         value = getattr(section, item.key)

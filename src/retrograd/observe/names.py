@@ -17,3 +17,37 @@ EVAL_LOSS = "eval/loss"
 EVAL_PERPLEXITY = "eval/perplexity"  # formats.md marks this name [AMBIGUOUS]; docs/metrics.md
 
 SFT = (TRAIN_LOSS, TOKENS_PER_SECOND, LEARNING_RATE, EVAL_LOSS, EVAL_PERPLEXITY)
+
+# GRPO (formats.md §7.2). policy/total_loss = surrogate + kl_coef * kl, also reported as
+# train/loss; policy/sampler_logprob_gap is ours: the mean |sampler - trainer| log-probability
+# of the sampled tokens (the fast sampling context's rounding, and the cache's).
+REWARD_MEAN = "reward/mean"
+REWARD_MIN = "reward/min"
+REWARD_MAX = "reward/max"
+REWARD_STD = "reward/std"
+REWARD_GROUP_STD = "reward/group_std"
+REWARD_VERIFIABLE_MEAN = "reward/verifiable_mean"
+REWARD_JUDGE_MEAN = "reward/judge_mean"
+LENGTH_MEAN = "completions/length_mean"
+LENGTH_MIN = "completions/length_min"
+LENGTH_MAX = "completions/length_max"
+TRUNCATION_FRACTION = "completions/truncation_fraction"
+ZERO_STD_GROUP_FRACTION = "batch/zero_std_group_fraction"
+ADVANTAGE_ABS_MEAN = "batch/advantage_abs_mean"
+TRAINED_FRACTION = "batch/trained_fraction"
+GROUPS_SAMPLED_FRACTION = "batch/groups_sampled_fraction"
+SURROGATE_LOSS = "policy/surrogate_loss"
+POLICY_KL = "policy/kl"
+CLIP_FRACTION = "policy/clip_fraction"
+TOTAL_LOSS = "policy/total_loss"
+KL_COEFFICIENT = "policy/kl_coefficient"
+SAMPLER_LOGPROB_GAP = "policy/sampler_logprob_gap"
+REWARD_SECONDS = "timing/reward_seconds"
+JUDGE_SECONDS = "timing/judge_seconds"
+GENERATION_SECONDS = "timing/generation_seconds"
+SCORING_SECONDS = "timing/scoring_seconds"
+OPTIMIZER_SECONDS = "timing/optimizer_seconds"
+OBSERVE_DROPPED = "observe/dropped_batches"
+EVAL_MEAN_REWARD = "eval/mean_reward"
+EVAL_REWARD_MIN = "eval/reward_min"
+EVAL_REWARD_MAX = "eval/reward_max"

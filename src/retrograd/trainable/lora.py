@@ -8,6 +8,7 @@ This module does not know optimizers or export; it attaches and reads adapters.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 from pathlib import Path
@@ -67,6 +68,20 @@ class LoRA(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}"
+
+
+@contextlib.contextmanager
+def adapters_off(adapters: dict[str, LoRA]):
+    """Within this block the model is its base model (the reference of a KL penalty): every
+    adapter is switched off, no weight copied, and switched back on after."""
+    was = {name: lora.enabled for name, lora in adapters.items()}
+    for lora in adapters.values():
+        lora.enabled = False
+    try:
+        yield
+    finally:
+        for name, lora in adapters.items():
+            lora.enabled = was[name]
 
 
 def linear_modules(decoder: Decoder) -> dict[str, Linear]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from config_runs import run_doc
+from config_runs import SECTIONS, run_doc
 
 from retrograd.config import validate_run
 from retrograd.config.availability import (
@@ -81,6 +81,11 @@ ACCEPTED: dict[tuple[str, str], dict] = {
     ("sft", "*"): {
         "sft": {"data_format": "jsonl", "shuffle": False, "template_variables": {"x": 1}}
     },
+    ("grpo", "*"): {
+        "run": {"algorithm": "grpo"},
+        "sft": None,
+        "grpo": {**SECTIONS["grpo"]["grpo"], "baseline": "rloo", "prompt_order": "shuffled"},
+    },
 }
 
 # Entry -> (sections that set a value the run would ignore or this version cannot honour, the
@@ -141,7 +146,6 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
 # Entries of algorithms and modes `train` refuses, and a valid run of each.
 ALGORITHM_RUNS = {
     ("ppo", "*"): run_doc("ppo"),
-    ("grpo", "*"): run_doc("grpo"),
     ("distill", "*"): run_doc("distill"),
     ("preference", "*"): run_doc("preference"),
     ("agent", "*"): run_doc("agent_grpo"),
@@ -257,3 +261,43 @@ def test_train_refuses_modes_without_a_loop(entry):
     with pytest.raises(ConfigError, match="this version trains LoRA adapters only"):
         run_sft(config)
     assert config.training.trainable in availability(*entry).column
+
+
+GRPO_UNAVAILABLE = {
+    "ruler judge": (
+        {
+            "grpo": {
+                "judge_weight": 0.5,
+                "judge": {"type": "ruler", "base_url": "http://127.0.0.1:1/v1", "model": "j"},
+            }
+        },
+        '[grpo.judge].type = "ruler": not available in this version',
+    ),
+    "generation_batch": (
+        {"training": {"generation_batch": 8}},
+        "[training].generation_batch = 8: not available in this version",
+    ),
+    "fanout max": (
+        {"training": {"shared_prefix_fanout": "max"}},
+        '[training].shared_prefix_fanout = "max": not available in this version',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRPO_UNAVAILABLE))
+def test_grpo_refuses_what_its_loop_cannot_honour(case):
+    patch, expected = GRPO_UNAVAILABLE[case]
+    with pytest.raises(ConfigError) as caught:
+        validate_run(run_doc("grpo", **patch))
+    lines = str(caught.value).splitlines()
+    assert any(line.startswith(f"run.toml: {expected}") for line in lines), lines
+
+
+def test_grpo_accepts_auto_and_off_fanout_and_a_command_judge():
+    validate_run(run_doc("grpo", training={"shared_prefix_fanout": "off"}))
+    validate_run(
+        run_doc(
+            "grpo",
+            grpo={"judge_weight": 0.5, "judge": {"type": "command", "command": ["j"]}},
+        )
+    )

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import retrograd
-from retrograd.losses.ce import token_nll_sum
+from retrograd.model.logprobs import token_nll_sum
 
 
 def test_float32_tiles_under_a_bf16_decoder_equal_float32(tiny_model):

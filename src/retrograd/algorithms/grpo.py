@@ -1,0 +1,725 @@
+"""GRPO: group-relative policy optimisation of a LoRA adapter, scored by a reward program.
+
+Each update: 1. choose prompts  2. sample a group of answers per prompt  3. reward them  4.
+advantages  5. reference scores  6. grpo_epochs optimizer passes  7. report, observe,
+evaluate, checkpoint. The variant (rollout/shaping.py, losses/policy.py say the formulas):
+- advantages are the reward minus the group's baseline (its mean, or leave-one-out), not
+  divided by the group's standard deviation (Dr. GRPO); a group whose rewards are all equal
+  carries no signal and does not train; with [grpo.dynamic_sampling] it is replaced by a group
+  of a fresh prompt, up to max_resample_factor x prompts_per_update prompts an update;
+- the loss is the clipped surrogate with clip_range_low / clip_range_high, ratios per token or
+  per answer (GSPO), averaged over the update's trained tokens (DAPO's token mean), plus
+  kl_coefficient times the k3 estimate of KL toward the reference (the base model with the
+  adapter switched off, or [reference].model);
+- old log-probabilities come from the training path itself: the first pass of an update
+  scores the answers with the weights that sampled them, so its ratios are exactly 1, and
+  later passes compare with those values; the sampler's own log-probabilities (fast sampling
+  context: a 16-bit cache) are only compared with them (policy/sampler_logprob_gap);
+- each pass over the update's answers is one optimizer step; the learning rate schedule counts
+  updates x grpo_epochs steps;
+- every random choice is a pure function of the run's seeds and the update: answer seeds from
+  seeds.derive_seed([grpo.sampling].seed, "sample", update, prompt cursor, member), the prompt
+  order a permutation per pass over the file; resume needs the update, the prompt cursor, the
+  stall counter and the KL controller, all in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms.evaluate import Patience
+from retrograd.algorithms.step import clip_and_step
+from retrograd.checkpoint import DatasetPosition
+from retrograd.data.prompts import read_prompts, render_prompts
+from retrograd.data.sft import permutation
+from retrograd.errors import JudgeError, TrainingError
+from retrograd.losses.policy import policy_loss
+from retrograd.model.logprobs import sequence_logprobs, shared_prefix_logprobs
+from retrograd.observe import names
+from retrograd.observe.rollouts import ObserveWriter
+from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.rewards.judge import command_judge, judge_request
+from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.shaping import (
+    KlController,
+    apply_overlong_penalty,
+    assign_advantages,
+    zero_signal,
+)
+from retrograd.sampling import Sampler
+from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
+from retrograd.seeds import SAMPLE, derive_seed
+from retrograd.trainable.lora import adapters_off
+from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+
+log = logging.getLogger(__name__)
+EVALUATE = "evaluate"  # seeds of held-out answers
+# [grpo] keys that change no step: a resumed run may change them
+_NOT_TRAJECTORY = {
+    "prompts",
+    "reward_command",
+    "reward_mode",
+    "reward_timeout_seconds",
+    "max_stalled_updates",
+}
+
+
+@dataclass
+class Position:
+    """Where the loop is between two updates: resume continues from exactly here."""
+
+    update: int = 0  # completed updates
+    cursor: int = 0  # prompts drawn so far (the prompt stream's position)
+    global_step: int = 0
+    stalled: int = 0  # updates in a row without signal
+    kl: dict = field(default_factory=dict)  # the KL controller's state
+
+    def mark(self) -> persist.Mark:
+        return persist.Mark(
+            self.global_step,
+            update=self.update,
+            dataset=DatasetPosition(0, self.cursor, {"update": self.update}),
+            extra={"stalled": self.stalled, "kl": dict(self.kl)},
+        )
+
+    @classmethod
+    def restored(cls, state) -> Position:
+        p = state.progress
+        return cls(
+            p.update,
+            state.dataset.index,
+            state.global_step,
+            int(p.extra["stalled"]),
+            dict(p.extra["kl"]),
+        )
+
+
+@dataclass
+class GRPOResult:
+    output: Path
+    updates: int
+    global_step: int
+    stopped: str | None  # why the run stopped before its last update, if it did
+    seconds: float
+    rewards: list[float] = field(default_factory=list)  # mean reward of each update
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    best_eval: float | None = None
+
+
+class PromptStream:
+    """Prompts in the run's order: sequential, or a fresh permutation per pass (shuffled)."""
+
+    def __init__(self, prompts: list[Prompt], order: str, seed: int):
+        self.prompts, self.shuffled, self.seed = prompts, order == "shuffled", seed
+
+    def at(self, cursor: int) -> Prompt:
+        n = len(self.prompts)
+        cycle, j = divmod(cursor, n)
+        return self.prompts[permutation(n, self.seed, cycle)[j] if self.shuffled else j]
+
+
+def total_steps(cfg) -> int:
+    return cfg.grpo.updates * cfg.grpo.grpo_epochs
+
+
+def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
+    started = time.perf_counter()
+    g, training = cfg.grpo, cfg.training
+    # 1. build: everything that can be checked is checked before the model loads
+    check_mode(training.trainable)
+    outputs.check_outputs(cfg, run_file)
+    prompt_file = read_prompts(g.prompts, "[grpo].prompts")
+    held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
+    model = context.load_model(cfg)
+    context.preflight_check(model, training, getattr(sinks, "console", None))
+    context.apply_memory_knobs(model, training)
+    chat = context.chat_format(model)
+    prompts = render_prompts(prompt_file, chat, training.ctx)
+    held = render_prompts(held_file, chat, training.ctx) if held_file else None
+    init = cfg.lora.init_adapter if cfg.lora else None
+    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
+    named = trained_parameters(adapters)
+    params = [p for _, p in named]
+    optimizer = build_optimizer(params, training, cfg.optimizer)
+    rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
+    reference = _reference(cfg, model, adapters)
+    sampler = Sampler(
+        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
+    )
+    stream = PromptStream(prompts, g.prompt_order, g.sampling.seed)
+    settings = {
+        "grpo": g.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
+        "fast_sampling_context": training.fast_sampling_context,
+        "reference": _reference_id(cfg),
+    }
+    fingerprints = {
+        "prompts": prompt_file.fingerprint,
+        "eval": held_file.fingerprint if held_file else None,
+    }
+    run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
+    sinks = sinks or persist.Sinks.quiet()
+
+    # 2. resume
+    pos = Position()
+    patience = Patience(  # on the negated mean reward: lower is better, as for a loss
+        cfg.evaluation.patience if cfg.evaluation else None,
+        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
+    )
+    kl = KlController.from_section(g)
+    found = persist.find_resume(cfg, resume)
+    if found is not None:
+        pos = Position.restored(persist.restore(found, run, named, optimizer, patience))
+        kl.load_state_dict(pos.kl)
+    sinks.start(
+        cfg,
+        model,
+        plan,
+        steps,
+        data=(prompt_file.path, f"{prompt_file.path.name}: {len(prompts)} prompts"),
+        held=(held_file.path, f"{held_file.path.name}: {len(held)} prompts") if held else None,
+        iterations=g.updates,
+        initial_step=pos.global_step,
+    )
+    if found is not None:
+        sinks.resumed(found[1], pos.global_step)
+    result = GRPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
+    observe = ObserveWriter.open(
+        cfg.observe,
+        algorithm="grpo",
+        model=cfg.model.path,
+        params=settings,
+        resumed_from_update=pos.update if found is not None else None,
+        console=getattr(sinks, "console", None),
+    )
+    program = reward_program(g, "[grpo]")
+    judge = command_judge(g.judge) if g.judge is not None else None
+    try:
+        # 3. updates
+        for update in range(pos.update + 1, g.updates + 1):
+            t0 = time.perf_counter()
+            groups, cursor, timing = _sample_and_reward(
+                cfg, sampler, stream, program, judge, update, pos.cursor
+            )
+            _check_judge_drops(cfg, groups, update)
+            stats = assign_advantages(groups, g.baseline, g.mask_truncated)
+            trained = [r for grp in groups for r in grp.members if r.eligible]
+            coef = kl.value(update)
+            values = _rollout_metrics(groups, cursor - pos.cursor, g.prompts_per_update)
+            values.update(stats_names(stats))
+            values.update(timing)
+            before = pos.global_step
+            if trained:
+                t1 = time.perf_counter()
+                if coef > 0:
+                    _reference_logprobs(reference, model.decoder, trained, training)
+                values[names.SCORING_SECONDS] = time.perf_counter() - t1
+                t1 = time.perf_counter()
+                for _ in range(g.grpo_epochs):
+                    lr = lr_at(
+                        pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
+                    )
+                    out = _epoch(cfg, model.decoder, trained, coef)
+                    _step(params, optimizer, training.max_grad_norm, lr, out, update)
+                    pos.global_step += 1
+                    values.update(out)
+                    values[names.LEARNING_RATE] = lr
+                values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
+                for r in trained:
+                    r.trained = True
+                kl.observe(values.get(names.POLICY_KL, 0.0), update)
+                pos.stalled = 0
+            else:
+                pos.stalled += 1
+            for grp in groups:
+                for r in grp.members:
+                    if r.trained is None:
+                        r.trained = False
+            values[names.KL_COEFFICIENT] = coef
+            pos = Position(update, cursor, pos.global_step, pos.stalled, kl.state_dict())
+            if observe is not None:
+                observe.rollouts(update, groups)
+                observe.outcome(update, groups)
+                values[names.OBSERVE_DROPPED] = observe.dropped_batches
+                observe.update(update, "completed" if trained else "skipped", values)
+            tokens = sum(r.n_tokens for grp in groups for r in grp.members)
+            sinks.step(pos.global_step, update, values, tokens, time.perf_counter() - t0)
+            result.rewards.append(values[names.REWARD_MEAN])
+            log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
+            # evaluation, then the checkpoint that includes its patience
+            if held is not None and _evaluate_now(cfg, update):
+                improved = _evaluate(cfg, sampler, program, held, pos, patience, result, sinks)
+                if improved:
+                    persist.save_best(
+                        cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks
+                    )
+            persist.maybe_checkpoint(
+                cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks, before
+            )
+            if patience.stop:
+                result.stopped = "patience"
+                break
+            if g.max_stalled_updates and pos.stalled >= g.max_stalled_updates:
+                result.stopped = f"{pos.stalled} updates in a row without signal"
+                break
+    finally:
+        program.close()
+        if observe is not None:
+            observe.close()
+    # 4. export; if that fails, the trained adapter is kept elsewhere and the error says where
+    persist.export_or_keep(
+        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
+    )
+    result.updates, result.global_step = pos.update, pos.global_step
+    result.best_eval = -patience.best if patience.best != float("inf") else None
+    result.seconds = time.perf_counter() - started
+    sinks.finish(
+        {
+            "adapter": str(result.output),
+            "updates": result.updates,
+            "mean reward, first -> last update": _first_last(result.rewards),
+            "stopped early": result.stopped or "no",
+        }
+    )
+    return result
+
+
+# -- sampling and rewards ------------------------------------------------------------------
+
+
+def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor: int):
+    """The update's groups, sampled and rewarded, and the prompt cursor after them. With
+    dynamic sampling, groups without signal are replaced by fresh prompts' groups while the
+    prompt budget lasts; each sampling round is one batch of the reward program."""
+    g = cfg.grpo
+    want = g.prompts_per_update
+    budget = want * (g.dynamic_sampling.max_resample_factor if g.dynamic_sampling else 1)
+    kept: list[Group] = []
+    dropped: list[Group] = []
+    drawn = 0
+    timing = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0, names.JUDGE_SECONDS: 0.0}
+    while True:
+        n = min(want - len(kept), budget - drawn) if g.dynamic_sampling else want
+        batch = [(cursor + i, stream.at(cursor + i)) for i in range(n)]
+        cursor, drawn = cursor + n, drawn + n
+        t0 = time.perf_counter()
+        groups = _sample(cfg, sampler, batch, update, len(kept) + len(dropped))
+        t1 = time.perf_counter()
+        judging = _reward(cfg, program, judge, groups)
+        timing[names.GENERATION_SECONDS] += t1 - t0
+        timing[names.REWARD_SECONDS] += time.perf_counter() - t1 - judging
+        timing[names.JUDGE_SECONDS] += judging
+        if not g.dynamic_sampling:
+            return groups, cursor, timing
+        for grp in groups:
+            (dropped if zero_signal(grp.rewards) else kept).append(grp)
+        if len(kept) >= want or drawn >= budget:
+            # what was not replaced stays in the update (and skips for want of signal)
+            return kept + dropped[: max(0, want - len(kept))], cursor, timing
+
+
+def _sample(cfg, sampler, batch, update: int, first_group: int) -> list[Group]:
+    """A group of answers per (cursor, prompt), sampled in waves of at most
+    generation_concurrency answers (whole groups; a group's prompt is prefilled once)."""
+    g, t = cfg.grpo, cfg.training
+    size = g.group_size
+    params = SamplingParams(
+        temperature=g.sampling.temperature,
+        top_p=g.sampling.top_p,
+        max_new_tokens=g.sampling.max_new_tokens,
+    )
+    # the reference's default: min(answers of an update, the optimizer window, 256), the
+    # window being ctx for rollouts (gradient_accumulation pinned to ctx / micro_batch)
+    concurrency = t.generation_concurrency or min(g.prompts_per_update * size, t.ctx, 256)
+    per_wave = max(1, concurrency // size)
+    groups = []
+    for w in range(0, len(batch), per_wave):
+        wave = batch[w : w + per_wave]
+        requests = [
+            SampleRequest(
+                p.ids,
+                params,
+                n=size,
+                seeds=tuple(
+                    derive_seed(g.sampling.seed, SAMPLE, update, c, j) for j in range(size)
+                ),
+            )
+            for c, p in wave
+        ]
+        for (c, p), answers in zip(wave, sampler.generate(requests), strict=True):
+            index = first_group + len(groups)
+            members = [
+                Rollout(
+                    p,
+                    update,
+                    index,
+                    j,
+                    derive_seed(g.sampling.seed, SAMPLE, update, c, j),
+                    a.ids,
+                    a.text,
+                    a.finish_reason == FINISH_LENGTH,
+                    np.asarray(a.logprobs, dtype=np.float32),
+                )
+                for j, a in enumerate(answers)
+            ]
+            groups.append(Group(p, update, index, members))
+    return groups
+
+
+def _reward(cfg, program, judge, groups: list[Group]) -> float:
+    """One reward batch for every answer of these groups, the judge's verdicts and the
+    overlong penalty applied; -> seconds spent judging."""
+    g = cfg.grpo
+    members = [r for grp in groups for r in grp.members]
+    replies = program.score([RewardRequest(r.prompt.text, r.text) for r in members])
+    weights = {}
+    for r, reply in zip(members, replies, strict=True):
+        r.reward_raw = reply.reward
+        weights[id(r)] = g.judge_weight if reply.judge_weight is None else reply.judge_weight
+    t0 = time.perf_counter()
+    if judge is not None:
+        for grp in groups:
+            _judge_group(cfg, judge, grp, [weights[id(r)] for r in grp.members])
+    if g.overlong_penalty is not None:
+        o = g.overlong_penalty
+        apply_overlong_penalty(groups, g.sampling.max_new_tokens, o.buffer_tokens, o.max_penalty)
+    return time.perf_counter() - t0
+
+
+def _judge_group(cfg, judge, group: Group, weights: list[float]) -> None:
+    """reward += weight x verdict (formats.md §3.5); a group whose every weight is 0 is not
+    sent. A failing judge drops the group (it keeps its verifiable reward but leaves the
+    baseline and the loss), or fails the run with judge_failure = "fail"."""
+    if not any(weights):
+        for r in group.members:
+            r.judge_term = 0.0
+        return
+    requests = [
+        judge_request([*r.prompt.messages, {"role": "assistant", "content": r.text}])
+        for r in group.members
+    ]
+    try:
+        verdicts = judge.score(requests)
+    except JudgeError as e:
+        if cfg.grpo.judge_failure == "fail":
+            raise
+        log.warning("update %d, group %d: %s; the group is dropped", group.update, group.index, e)
+        group.skip("judge_dropped")
+        return
+    for r, w, v in zip(group.members, weights, verdicts, strict=True):
+        r.judge_term = w * v
+
+
+def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:
+    if cfg.grpo.judge is None:
+        return
+    dropped = sum(1 for grp in groups if grp.members[0].skip_reason == "judge_dropped")
+    limit = cfg.grpo.max_judge_dropped_fraction
+    if dropped / len(groups) > limit:
+        raise TrainingError(
+            f"update {update}: the judge failed on {dropped} of {len(groups)} groups, more "
+            f"than [grpo].max_judge_dropped_fraction = {limit}; see the judge errors above"
+        )
+
+
+# -- scoring and the update ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Answers scored in one forward: as rows (prompt + answer each), or, with
+    shared_prefix_fanout, answers of one group after one pass over their shared prompt."""
+
+    members: tuple[int, ...]  # indices into the update's trained answers
+    shared: bool
+
+
+def _pieces(trained: list[Rollout], budget: int, fanout: bool) -> list[_Piece]:
+    """The update's forward passes: whole answers, at most `budget` tokens each (padded rows
+    x width, or prompt + answers x width when fanned out), at least one answer a pass. With
+    fan-out, a group's answers share passes where two or more fit; the rest go as rows."""
+    out: list[_Piece] = []
+    rows: list[int] = []
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, r in enumerate(trained):
+        groups.setdefault((r.update, r.group), []).append(i)
+    for members in groups.values():
+        if not fanout:
+            rows += members
+            continue
+        prompt, cur = len(trained[members[0]].prompt.ids), []
+        for i in [*members, None]:  # None: the end of the group
+            width = max([trained[j].n_tokens for j in cur if i is not None] + [0])
+            if i is not None:
+                width = max(width, trained[i].n_tokens)
+            if i is None or (cur and prompt + width * (len(cur) + 1) > budget):
+                if len(cur) > 1:
+                    out.append(_Piece(tuple(cur), True))
+                else:
+                    rows += cur
+                cur = []
+            if i is not None:
+                cur.append(i)
+    rows.sort()
+    for idx in _passes([trained[i] for i in rows], budget):
+        out.append(_Piece(tuple(rows[i] for i in idx), False))
+    return out
+
+
+def _passes(trained: list[Rollout], budget: int) -> list[list[int]]:
+    """Indices of the answers of each pass of rows: padded length x rows at most `budget`
+    tokens (at least one answer a pass)."""
+    out, cur, width = [], [], 0
+    for i, r in enumerate(trained):
+        n = len(r.prompt.ids) + len(r.ids)
+        if cur and max(width, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    return out + ([cur] if cur else [])
+
+
+def _score(decoder, trained: list[Rollout], piece: _Piece, training) -> list[torch.Tensor]:
+    """Per-token log-probabilities of the piece's answers (differentiable under grad)."""
+    opts = {
+        "chunked": training.chunked_cross_entropy,
+        "tiles": training.chunked_ce_tiles,
+        "seq_chunk": training.chunked_ce_seq_chunk,
+    }
+    answers = [trained[i] for i in piece.members]
+    if piece.shared:
+        prompt = list(answers[0].prompt.ids)
+        return shared_prefix_logprobs(decoder, prompt, [list(r.ids) for r in answers], **opts)
+    rows = [(list(r.prompt.ids) + list(r.ids), len(r.prompt.ids)) for r in answers]
+    return sequence_logprobs(decoder, rows, **opts)
+
+
+def _fanout(training) -> bool:
+    return training.shared_prefix_fanout != "off"
+
+
+@torch.no_grad()
+def _reference_logprobs(reference, decoder, trained: list[Rollout], training) -> None:
+    """Log-probabilities of the answers under the reference (for the KL term)."""
+    for piece in _pieces(trained, training.micro_batch, _fanout(training)):
+        with reference() as ref_decoder:
+            lps = _score(ref_decoder or decoder, trained, piece, training)
+        for i, lp in zip(piece.members, lps, strict=True):
+            trained[i].ref_logprobs = lp.numpy().astype(np.float32)
+
+
+def _padded(values: list[np.ndarray], width: int) -> torch.Tensor:
+    out = torch.zeros(len(values), width)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.from_numpy(np.asarray(v, dtype=np.float32))
+    return out
+
+
+def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, float]:
+    """One pass over the update's answers: forward, loss and backward per pass of answers,
+    gradients summed (the loss is normalised by the whole update's trained tokens). The
+    first pass stores the old log-probabilities it computes (ratios exactly 1)."""
+    g, training = cfg.grpo, cfg.training
+    total_tokens = float(sum(r.n_tokens for r in trained))
+    by_answer = g.importance_sampling_level == "sequence"
+    sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0, "gap": 0.0}
+    for piece in _pieces(trained, training.micro_batch, _fanout(training)):
+        lps = _score(decoder, trained, piece, training)
+        batch = [trained[i] for i in piece.members]
+        for r, lp in zip(batch, lps, strict=True):
+            if r.old_logprobs is None:
+                r.old_logprobs = lp.detach().numpy().astype(np.float32)
+                sums["gap"] += float(np.abs(r.old_logprobs - r.sampler_logprobs).sum())
+        width = max(len(lp) for lp in lps)
+        logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)
+        mask = _padded([np.ones(len(lp), np.float32) for lp in lps], width)
+        old = _padded([r.old_logprobs for r in batch], width)
+        ref = _padded([r.ref_logprobs for r in batch], width) if kl_coef > 0 else None
+        adv = torch.tensor([r.advantage for r in batch], dtype=torch.float32)
+        out = policy_loss(
+            logp,
+            old,
+            adv,
+            mask,
+            clip_low=g.clip_range_low,
+            clip_high=g.clip_range_high,
+            level=g.importance_sampling_level,
+            ref_logp=ref,
+            kl_coef=kl_coef,
+            normalizer=total_tokens,
+        )
+        out.loss.backward()
+        # the pieces' terms are sums over the update's tokens: they add up to the whole's
+        sums["loss"] += float(out.loss.detach())
+        sums["surrogate"] += float(out.surrogate.detach())
+        sums["kl"] += float(out.kl.detach())
+        share = len(batch) / len(trained) if by_answer else float(mask.sum()) / total_tokens
+        sums["clipped"] += float(out.clip_fraction) * share
+    return {
+        names.TOTAL_LOSS: sums["loss"],
+        names.TRAIN_LOSS: sums["loss"],
+        names.SURROGATE_LOSS: sums["surrogate"],
+        names.POLICY_KL: sums["kl"],
+        names.CLIP_FRACTION: sums["clipped"],
+        names.SAMPLER_LOGPROB_GAP: sums["gap"] / total_tokens,
+    }
+
+
+def _step(params, optimizer, max_grad_norm: float, lr: float, out: dict, update: int) -> None:
+    where = f"update {update}"
+    loss = out[names.TOTAL_LOSS]
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"{where}: the loss is {loss}; {_DIVERGED}")
+    try:
+        clip_and_step(params, optimizer, max_grad_norm, lr)
+    except TrainingError as e:
+        raise TrainingError(f"{where}: {e}; {_DIVERGED}") from None
+
+
+_DIVERGED = (
+    "training stopped before updating the weights (lower [training].lr, or resume from the "
+    "last checkpoint)"
+)
+
+
+# -- the reference model -------------------------------------------------------------------
+
+
+def _reference(cfg, model, adapters):
+    """A context giving the reference decoder: None (the policy's own decoder with its
+    adapters off) or [reference].model's."""
+    if cfg.reference is None:
+        return lambda: _Off(adapters)
+    import retrograd
+
+    ref = retrograd.load(cfg.reference.model, device=cfg.model.device, threads=cfg.training.threads)
+    context.check_same_tokenizer(model, ref, "[reference].model")
+    return lambda: _Same(ref.decoder)
+
+
+class _Off:
+    def __init__(self, adapters):
+        self.cm = adapters_off(adapters)
+
+    def __enter__(self):
+        self.cm.__enter__()
+        return None
+
+    def __exit__(self, *exc):
+        return self.cm.__exit__(*exc)
+
+
+class _Same:
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def __enter__(self):
+        return self.decoder
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _reference_id(cfg) -> str | None:
+    if cfg.reference is None:
+        return None
+    from retrograd.checkpoint import model_identity
+
+    return model_identity(cfg.reference.model).fingerprint
+
+
+# -- metrics and evaluation ----------------------------------------------------------------
+
+
+def stats_names(stats: dict) -> dict[str, float]:
+    return {
+        names.ZERO_STD_GROUP_FRACTION: stats["zero_std_group_fraction"],
+        names.ADVANTAGE_ABS_MEAN: stats["advantage_abs_mean"],
+        names.TRAINED_FRACTION: stats["trained_fraction"],
+    }
+
+
+def _rollout_metrics(groups: list[Group], drawn: int, wanted: int) -> dict[str, float]:
+    members = [r for grp in groups for r in grp.members]
+    rewards = np.array([r.reward for r in members], dtype=np.float64)
+    raw = np.array([r.reward_raw for r in members], dtype=np.float64)
+    lengths = np.array([r.n_tokens for r in members], dtype=np.float64)
+    group_std = [float(np.std(grp.rewards)) for grp in groups]
+    return {
+        names.REWARD_MEAN: float(rewards.mean()),
+        names.REWARD_MIN: float(rewards.min()),
+        names.REWARD_MAX: float(rewards.max()),
+        names.REWARD_STD: float(rewards.std()),
+        names.REWARD_GROUP_STD: float(np.mean(group_std)),
+        names.REWARD_VERIFIABLE_MEAN: float(raw.mean()),
+        names.LENGTH_MEAN: float(lengths.mean()),
+        names.LENGTH_MIN: float(lengths.min()),
+        names.LENGTH_MAX: float(lengths.max()),
+        names.TRUNCATION_FRACTION: float(np.mean([r.truncated for r in members])),
+        names.GROUPS_SAMPLED_FRACTION: drawn / wanted,
+    }
+
+
+def _evaluate_now(cfg, update: int) -> bool:
+    return update % cfg.evaluation.every_iterations == 0 or update == cfg.grpo.updates
+
+
+def held_out(prompts: list[Prompt], max_examples: int | None) -> list[Prompt]:
+    """At most max_examples prompts, spread evenly across the file."""
+    if max_examples is None or max_examples >= len(prompts):
+        return prompts
+    picks = np.linspace(0, len(prompts) - 1, max_examples).round().astype(int)
+    return [prompts[i] for i in picks]
+
+
+def _evaluate(cfg, sampler, program, held, pos, patience, result, sinks) -> bool:
+    """Mean reward of one answer per held-out prompt (seeds fixed for the run, so that the
+    same adapter scores the same), through the reward program without a judge."""
+    t0 = time.perf_counter()
+    g = cfg.grpo
+    prompts = held_out(held, cfg.evaluation.max_examples)
+    params = SamplingParams(1.0, 1.0, g.sampling.max_new_tokens)
+    requests = [
+        SampleRequest(p.ids, params, seeds=(derive_seed(g.sampling.seed, EVALUATE, 0, i),))
+        for i, p in enumerate(prompts)
+    ]
+    answers = [a for [a] in sampler.generate(requests)]
+    replies = program.score(
+        [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
+    )
+    rewards = [r.reward for r in replies]
+    mean = float(np.mean(rewards))
+    improved = patience.update(-mean)
+    result.evals.append((pos.update, mean))
+    log.info(
+        "evaluation at update %d: mean reward %.4f in %.2f s",
+        pos.update,
+        mean,
+        time.perf_counter() - t0,
+    )
+    sinks.evaluation(
+        pos.global_step,
+        {
+            names.EVAL_MEAN_REWARD: mean,
+            names.EVAL_REWARD_MIN: float(min(rewards)),
+            names.EVAL_REWARD_MAX: float(max(rewards)),
+        },
+        improved,
+    )
+    return improved
+
+
+def _first_last(values: list[float]) -> str:
+    if not values:
+        return "no update ran"
+    return f"{values[0]:.4f} -> {values[-1]:.4f}"

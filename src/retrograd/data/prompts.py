@@ -1,0 +1,95 @@
+"""Prompt files of rollout algorithms (formats.md §1.3): chat JSONL whose every line ends with
+a non-empty user message; the model writes the next assistant turn.
+
+Read in two steps so that a malformed file fails before the model loads: `read_prompts`
+validates every line (no tokenizer needed), `render_prompts` renders them through the chat
+template with the assistant-generation prefix. No metadata reaches a reward program: it gets
+the last user message's text. A line may carry `rubric` besides `messages` (for judges);
+other keys are refused, as the reference's examples say. A prompt that leaves no room for an
+answer in [training].ctx is an error naming its line, never cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrograd.data.sft import jsonl_lines
+from retrograd.errors import DataError
+from retrograd.rollout.records import Prompt
+from retrograd.tokenizer.records import validate_record
+
+ALLOWED_KEYS = {"messages", "rubric"}
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    key: str  # "prompts.jsonl:3"
+    index: int
+    messages: tuple[dict, ...]
+    rubric: str | None
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    path: Path
+    lines: tuple[PromptLine, ...]
+    fingerprint: str  # sha256 of the file's bytes
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def read_prompts(path: str | Path, where: str = "[grpo].prompts") -> PromptFile:
+    """Every line validated; DataError naming file and line on the first broken one."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{where} = {path}: no such prompt file")
+    raw = path.read_bytes()
+    lines = []
+    for place, text in jsonl_lines(path, raw):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{place}: a prompt line must be a JSON object")
+        extra = sorted(set(record) - ALLOWED_KEYS)
+        if extra:
+            raise DataError(
+                f'{place}: unknown key {extra[0]!r}; a prompt line holds "messages" (and '
+                'optionally "rubric"): put what the reward program needs in the user message'
+            )
+        if "tools" in record:
+            raise DataError(f"{place}: prompt files hold no tool records")
+        messages, _ = validate_record(record, place)
+        last = messages[-1]
+        if last["role"] != "user" or not str(last.get("content", "")).strip():
+            raise DataError(f"{place}: a prompt must end with a non-empty user message")
+        if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            raise DataError(f"{place}: prompt files hold no tool calls or tool results")
+        rubric = record.get("rubric")
+        if rubric is not None and not isinstance(rubric, str):
+            raise DataError(f'{place}: "rubric" must be a string')
+        lines.append(PromptLine(place, len(lines), tuple(messages), rubric))
+    if not lines:
+        raise DataError(f"{where} = {path}: no prompt in the file")
+    return PromptFile(path, tuple(lines), hashlib.sha256(raw).hexdigest())
+
+
+def render_prompts(file: PromptFile, chat, ctx: int) -> list[Prompt]:
+    """The prompts rendered with the assistant-generation prefix, as the sampler continues
+    them. A prompt of ctx tokens or more leaves no room for an answer: DataError."""
+    out = []
+    for line in file.lines:
+        ids = chat.prompt_ids([dict(m) for m in line.messages])
+        if len(ids) >= ctx:
+            raise DataError(
+                f"{line.key}: the prompt renders to {len(ids)} tokens, which leaves no room "
+                f"for an answer in [training].ctx = {ctx}; shorten it or raise ctx"
+            )
+        text = str(line.messages[-1].get("content", ""))
+        out.append(Prompt(line.key, line.index, line.messages, text, tuple(ids)))
+    return out

@@ -1,0 +1,365 @@
+"""`retrograd train` for GRPO, end to end on tiny models: it learns, resumes exactly after a
+real kill, and refuses bad input before the model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from retrograd.cli.main import main
+from retrograd.config import load_run
+from retrograd.errors import DataError
+
+# A reward with an obvious signal for a tiny random model: the share of "e" in the answer.
+REWARD = r"""
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    if "protocol" in req:
+        print(json.dumps(req), flush=True)
+        continue
+    if "_retrograd_batch_end" in req:
+        print(json.dumps(req, separators=(",", ":")), flush=True)
+        continue
+    text = req["completion"]
+    reward = text.count("e") / max(1, len(text))
+    print(json.dumps({"reward": reward, "_retrograd_batch": req["_retrograd_batch"],
+                      "_retrograd_index": req["_retrograd_index"]}), flush=True)
+"""
+
+PROMPTS = [
+    "write some letters",
+    "say something",
+    "spell a word",
+    "what comes next",
+    "name a thing",
+    "tell me more",
+]
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    """A tiny gemma3 with a chat template (the tiny vocabulary has no family's markers)."""
+    from tests.factories.tiny_gguf import write_tiny
+
+    path = tmp_path_factory.mktemp("grpo") / "tiny-chat.gguf"
+    return write_tiny(path, "gemma3", chat_template=CHAT_TEMPLATE)
+
+
+def write_run(tmp: Path, model: Path, grpo: dict | None = None, **sections) -> Path:
+    (tmp / "reward.py").write_text(REWARD)
+    lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
+    (tmp / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    g = {
+        "prompts": "prompts.jsonl",
+        # the working directory, not the run file's, resolves a relative script: give its path
+        "reward_command": [sys.executable, str(tmp / "reward.py")],
+        "updates": 8,
+        "prompts_per_update": 2,
+        "group_size": 8,
+        "grpo_epochs": 1,
+        "clip_range_low": 0.2,
+        "clip_range_high": 0.28,
+        "kl_coefficient": 0.0,
+    }
+    g.update(grpo or {})
+    t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64, "gradient_accumulation": 1}
+    t.update(sections.pop("training", {}))
+    sampling = sections.pop("sampling", {})
+    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
+
+    def toml(d: dict) -> str:
+        return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
+
+    text = f"""
+[run]
+algorithm = "grpo"
+[model]
+path = "{model}"
+device = "cpu"
+[output]
+path = "out/adapter.gguf"
+[lora]
+rank = 4
+alpha = 8.0
+targets = ["q", "v", "ffn_down"]
+[training]
+{toml(t)}
+[grpo]
+{toml(g)}
+[grpo.sampling]
+temperature = 1.0
+top_p = 1.0
+max_new_tokens = {sampling.get("max_new_tokens", 8)}
+seed = {sampling.get("seed", 3)}
+{extra}
+"""
+    path = tmp / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def sinks():
+    """The metric sinks `retrograd train` opens (TensorBoard with [metrics]), printing nowhere."""
+    import io
+
+    from rich.console import Console
+
+    from retrograd.algorithms.persist import Sinks
+
+    return Sinks(console=Console(file=io.StringIO()))
+
+
+def scalars(tb: Path, tag: str) -> dict[int, float]:
+    out = {}
+    for run in sorted(tb.iterdir()):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            out.update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
+    from retrograd.algorithms.grpo import run_grpo
+
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"updates": 12},
+        metrics='tensorboard_dir = "tb"',
+    )
+    cfg = load_run(run)
+    result = run_grpo(cfg, run_file=run, sinks=sinks())
+    rewards = result.rewards
+    assert len(rewards) == 12
+    first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
+    assert last > first + 0.1, rewards
+    assert (tmp_path / "out" / "adapter.gguf").exists()
+    tb = tmp_path / "tb"
+    mean = scalars(tb, "reward/mean")
+    assert len(mean) == 12 and sorted(mean) == list(range(1, 13))
+    for tag in (
+        "policy/surrogate_loss",
+        "policy/clip_fraction",
+        "completions/length_mean",
+        "batch/trained_fraction",
+        "timing/reward_seconds",
+    ):
+        assert scalars(tb, tag), tag
+
+
+def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
+    """grpo_epochs = 1: every ratio is 1 (nothing clipped) and the sampler's log-probabilities
+    stay close to the trainer's (a float32 cache here)."""
+    from retrograd.algorithms.grpo import run_grpo
+
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"updates": 2, "clip_range_low": 1e-6, "clip_range_high": 1e-6},
+        metrics='tensorboard_dir = "tb"',
+        training={"lr": 1e-3, "fast_sampling_context": False},
+    )
+    run_grpo(load_run(run), run_file=run, sinks=sinks())
+    clipped = scalars(tmp_path / "tb", "policy/clip_fraction")
+    assert clipped and all(v == 0.0 for v in clipped.values())
+    gap = scalars(tmp_path / "tb", "policy/sampler_logprob_gap")
+    assert gap and all(0 <= v < 1e-4 for v in gap.values()), gap
+
+
+def test_rescoring_is_the_same_with_and_without_grad(tiny_model):
+    import retrograd
+    from retrograd.model.logprobs import sequence_logprobs
+    from retrograd.trainable.lora import attach_lora
+
+    m = retrograd.load(chat_model, device="cpu", dtype=torch.float32)
+    attach_lora(m.decoder, ["q", "v"], rank=2, alpha=2.0, seed=0)
+    rows = [(list(range(5, 20)), 6), (list(range(30, 41)), 4)]
+    with torch.no_grad():
+        a = sequence_logprobs(m.decoder, rows)
+    b = sequence_logprobs(m.decoder, rows)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y.detach())
+
+
+KILLED = {"updates": 6}
+
+
+def _train(run: Path, *extra: str, wait_for: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "retrograd.cli.main", "train", str(run), *extra]
+    env = os.environ | {"RETRO_THREADS": "2"}
+    if wait_for is None:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 600
+    while not (wait_for / "manifest.msgpack").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed, not finished
+    return subprocess.CompletedProcess(cmd, proc.returncode)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_is_byte_identical(chat_model, tmp_path):
+    """Dynamic sampling, shuffled prompts, a KL schedule with an adaptive target: a run killed
+    after its checkpoint at step 3 and resumed ends with the uninterrupted run's adapter."""
+    model = chat_model
+    grpo = {
+        **KILLED,
+        "prompt_order": "shuffled",
+        "kl_coefficient": 0.05,
+        "baseline": "leave_one_out",
+    }
+    sections = {
+        "grpo.dynamic_sampling": "max_resample_factor = 2",
+        "grpo.kl_schedule": "warmup_updates = 2\ntarget = 0.01",
+        "checkpoint": 'directory = "ck"\nmode = "steps"\nevery_steps = 3',
+    }
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for d in (whole, cut):
+        d.mkdir()
+        write_run(d, model, dict(grpo), **dict(sections))
+    done = _train(whole / "run.toml")
+    assert done.returncode == 0, done.stderr
+    _train(cut / "run.toml", wait_for=cut / "ck" / "step-000000000003.state")
+    assert not (cut / "out" / "adapter.gguf").exists()
+    resumed = _train(cut / "run.toml", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a = (whole / "out" / "adapter.gguf").read_bytes()
+    b = (cut / "out" / "adapter.gguf").read_bytes()
+    assert a == b
+
+
+def test_bad_prompt_line_names_file_and_line(chat_model, tmp_path, capsys):
+    run = write_run(tmp_path, chat_model)
+    lines = (tmp_path / "prompts.jsonl").read_text().splitlines()
+    lines[2] = '{"messages": [{"role": "assistant", "content": "hi"}]}'
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"prompts.jsonl:3: .*user message"):
+        from retrograd.algorithms.grpo import run_grpo
+
+        run_grpo(load_run(run), run_file=run)
+
+
+def test_prompt_longer_than_ctx_is_reported(chat_model, tmp_path):
+    from retrograd.algorithms.grpo import run_grpo
+
+    run = write_run(tmp_path, chat_model, training={"ctx": 16, "micro_batch": 16})
+    lines = (tmp_path / "prompts.jsonl").read_text().splitlines()
+    lines[4] = json.dumps({"messages": [{"role": "user", "content": "word " * 40}]})
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"prompts.jsonl:5: the prompt renders to \d+ tokens"):
+        run_grpo(load_run(run), run_file=run)
+
+
+def test_cli_trains_grpo(chat_model, tmp_path, capsys):
+    run = write_run(tmp_path, chat_model, {"updates": 2})
+    assert main(["train", str(run)]) == 0
+    assert (tmp_path / "out" / "adapter.gguf").exists()
+
+
+def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys):
+    run = write_run(tmp_path, chat_model, {"updates": 2})
+    assert main(["train", str(run)]) == 0
+    capsys.readouterr()
+    adapter = str(tmp_path / "out" / "adapter.gguf")
+    code = main(
+        [
+            "bench",
+            str(run),
+            "--data",
+            str(tmp_path / "prompts.jsonl"),
+            "--adapter",
+            adapter,
+            "--limit",
+            "4",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "grpo bench" in out and "base" in out and "adapter.gguf" in out
+
+
+def test_profile_reports_phases_and_writes_nothing(chat_model, tmp_path, capsys):
+    run = write_run(tmp_path, chat_model, metrics='tensorboard_dir = "tb"')
+    assert main(["profile", str(run), "--updates", "1", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    for phase in ("initialization", "generation", "reward", "optimizer", "peak host memory"):
+        assert phase in out
+    assert "1 updates x 3 prompts x group 4" in out
+    assert not (tmp_path / "out").exists() and not (tmp_path / "tb").exists()
+
+
+def test_profile_refuses_sft_before_loading(chat_model, tmp_path, capsys):
+    run = tmp_path / "run.toml"
+    run.write_text(
+        f'[run]\nalgorithm = "sft"\n[model]\npath = "{chat_model}"\n'
+        '[output]\npath = "o.gguf"\n[lora]\n[sft]\ndata = "d.txt"\n'
+    )
+    (tmp_path / "d.txt").write_text("x")
+    assert main(["profile", str(run)]) != 0
+    assert "profile runs grpo workloads" in capsys.readouterr().err
+
+
+FAILING = r"""
+import json, sys
+batches = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    if "protocol" in req:
+        print(json.dumps(req), flush=True)
+    elif "_retrograd_batch_end" in req:
+        batches += 1
+        if batches == 3:
+            print("the third batch breaks me", file=sys.stderr, flush=True)
+            print("not json", flush=True)
+        print(json.dumps(req), flush=True)
+    else:
+        print(json.dumps({"reward": len(req["completion"]) % 3,
+                          "_retrograd_batch": req["_retrograd_batch"],
+                          "_retrograd_index": req["_retrograd_index"]}), flush=True)
+"""
+
+
+def test_a_failing_reward_program_stops_the_run_cleanly(chat_model, tmp_path, monkeypatch):
+    from retrograd.algorithms.grpo import run_grpo
+    from retrograd.errors import RewardError
+
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"reward_command": [sys.executable, "failing_reward_x7.py"], "updates": 5},
+        checkpoint='directory = "ck"\nmode = "steps"\nevery_steps = 1',
+    )
+    (tmp_path / "failing_reward_x7.py").write_text(FAILING)
+    monkeypatch.chdir(tmp_path)  # the reward command resolves against the working directory
+    with pytest.raises(RewardError) as caught:
+        run_grpo(load_run(run), run_file=run)
+    message = str(caught.value)
+    assert "[grpo].reward_command" in message and "the third batch breaks me" in message
+    states = sorted(p.name for p in (tmp_path / "ck").glob("step-*.state"))
+    assert states and all((tmp_path / "ck" / s / "manifest.msgpack").exists() for s in states)
+    assert not (tmp_path / "out" / "adapter.gguf").exists()
+    left = subprocess.run(["pgrep", "-f", "failing_reward_x7"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout

@@ -1,0 +1,98 @@
+"""Parts of the GRPO loop that need no model: the prompt stream, the passes, prompt files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from retrograd.algorithms.grpo import PromptStream, _pieces, held_out
+from retrograd.data.prompts import read_prompts
+from retrograd.errors import DataError
+from retrograd.rollout.records import Prompt, Rollout
+
+
+def prompt(i: int, n: int = 5) -> Prompt:
+    return Prompt(f"p.jsonl:{i + 1}", i, ({"role": "user", "content": "x"},), "x", (1,) * n)
+
+
+def answer(p: Prompt, group: int, member: int, n: int) -> Rollout:
+    return Rollout(p, 1, group, member, 0, (7,) * n, "", False, np.zeros(n, np.float32))
+
+
+def test_prompt_stream_sequential_and_shuffled():
+    prompts = [prompt(i) for i in range(5)]
+    seq = PromptStream(prompts, "sequential", 3)
+    assert [seq.at(c).index for c in range(12)] == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    shuf = PromptStream(prompts, "shuffled", 3)
+    first, second = [shuf.at(c).index for c in range(5)], [shuf.at(c).index for c in range(5, 10)]
+    assert sorted(first) == sorted(second) == list(range(5))  # each pass covers the file once
+    assert first != second or first != list(range(5))
+    again = PromptStream(prompts, "shuffled", 3)
+    assert [again.at(c).index for c in range(10)] == first + second  # a pure function
+
+
+def test_pieces_fan_out_a_group_where_two_answers_fit():
+    p0, p1 = prompt(0, 10), prompt(1, 10)
+    trained = [answer(p0, 0, j, 6) for j in range(4)] + [answer(p1, 1, j, 30) for j in range(3)]
+    pieces = _pieces(trained, budget=40, fanout=True)
+    shared = [pc.members for pc in pieces if pc.shared]
+    rows = [pc.members for pc in pieces if not pc.shared]
+    # group 0: 10 + 6 x 4 = 34 tokens fit in one pass; group 1: 10 + 30 x 2 > 40, so rows
+    assert shared == [(0, 1, 2, 3)]
+    assert rows == [(4,), (5,), (6,)]  # 40 tokens a row: one a pass
+    covered = sorted(i for pc in pieces for i in pc.members)
+    assert covered == list(range(len(trained)))
+
+
+def test_pieces_without_fanout_are_rows_within_the_budget():
+    p0 = prompt(0, 4)
+    trained = [answer(p0, 0, j, n) for j, n in enumerate([2, 4, 3, 1])]
+    pieces = _pieces(trained, budget=16, fanout=False)
+    assert all(not pc.shared for pc in pieces)
+    for pc in pieces:
+        width = max(len(trained[i].prompt.ids) + trained[i].n_tokens for i in pc.members)
+        assert width * len(pc.members) <= 16 or len(pc.members) == 1
+    assert sorted(i for pc in pieces for i in pc.members) == [0, 1, 2, 3]
+
+
+def test_held_out_spreads_max_examples_over_the_file():
+    prompts = [prompt(i) for i in range(10)]
+    assert [p.index for p in held_out(prompts, 4)] == [0, 3, 6, 9]
+    assert held_out(prompts, None) == prompts
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"messages": [{"role": "user", "content": "hi"}], "answer": 3}', "unknown key 'answer'"),
+        ('{"messages": [{"role": "user", "content": "  "}]}', "non-empty user message"),
+        (
+            '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+            "non-empty user message",
+        ),
+        ('{"messages": [{"role": "user", "content": "a"}', "invalid JSON"),
+    ],
+)
+def test_prompt_file_errors_name_the_line(tmp_path, line, message):
+    good = json.dumps({"messages": [{"role": "user", "content": "fine"}]})
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(f"{good}\n{good}\n{line}\n")
+    with pytest.raises(DataError, match=rf"prompts.jsonl:3: .*{message}"):
+        read_prompts(path)
+
+
+def test_prompt_file_keeps_a_rubric_and_the_last_user_text(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rec = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "2 + 2?"},
+        ],
+        "rubric": "a number",
+    }
+    path.write_text(json.dumps(rec) + "\n\n")
+    [line] = read_prompts(path).lines
+    assert line.rubric == "a number" and line.key == "p.jsonl:1"
+    assert line.messages[-1]["content"] == "2 + 2?"
