@@ -190,7 +190,7 @@ def test_rescoring_is_the_same_with_and_without_grad(tiny_model):
     from retrograd.model.logprobs import sequence_logprobs
     from retrograd.trainable.lora import attach_lora
 
-    m = retrograd.load(chat_model, device="cpu", dtype=torch.float32)
+    m = retrograd.load(tiny_model("gemma3"), device="cpu", dtype=torch.float32)
     attach_lora(m.decoder, ["q", "v"], rank=2, alpha=2.0, seed=0)
     rows = [(list(range(5, 20)), 6), (list(range(30, 41)), 4)]
     with torch.no_grad():
@@ -265,7 +265,7 @@ def test_bad_prompt_line_names_file_and_line(chat_model, tmp_path, capsys):
 def test_prompt_longer_than_ctx_is_reported(chat_model, tmp_path):
     from retrograd.algorithms.grpo import run_grpo
 
-    run = write_run(tmp_path, chat_model, training={"ctx": 16, "micro_batch": 16})
+    run = write_run(tmp_path, chat_model)  # ctx 64
     lines = (tmp_path / "prompts.jsonl").read_text().splitlines()
     lines[4] = json.dumps({"messages": [{"role": "user", "content": "word " * 40}]})
     (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
@@ -279,7 +279,8 @@ def test_cli_trains_grpo(chat_model, tmp_path, capsys):
     assert (tmp_path / "out" / "adapter.gguf").exists()
 
 
-def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys):
+def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the table's full width
     run = write_run(tmp_path, chat_model, {"updates": 2})
     assert main(["train", str(run)]) == 0
     capsys.readouterr()

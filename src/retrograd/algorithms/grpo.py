@@ -26,7 +26,6 @@ evaluate, checkpoint. The variant (rollout/shaping.py, losses/policy.py say the 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience
-from retrograd.algorithms.step import clip_and_step
+from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.data.sft import permutation
@@ -228,7 +227,9 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                         pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                     )
                     out = _epoch(cfg, model.decoder, trained, coef)
-                    _step(params, optimizer, training.max_grad_norm, lr, out, update)
+                    where = f"update {update}"
+                    loss = out[names.TOTAL_LOSS]
+                    checked_step(params, optimizer, training.max_grad_norm, lr, loss, where)
                     pos.global_step += 1
                     values.update(out)
                     values[names.LEARNING_RATE] = lr
@@ -572,24 +573,6 @@ def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, fl
         names.CLIP_FRACTION: sums["clipped"],
         names.SAMPLER_LOGPROB_GAP: sums["gap"] / total_tokens,
     }
-
-
-def _step(params, optimizer, max_grad_norm: float, lr: float, out: dict, update: int) -> None:
-    where = f"update {update}"
-    loss = out[names.TOTAL_LOSS]
-    if not math.isfinite(loss):
-        optimizer.zero_grad(set_to_none=True)
-        raise TrainingError(f"{where}: the loss is {loss}; {_DIVERGED}")
-    try:
-        clip_and_step(params, optimizer, max_grad_norm, lr)
-    except TrainingError as e:
-        raise TrainingError(f"{where}: {e}; {_DIVERGED}") from None
-
-
-_DIVERGED = (
-    "training stopped before updating the weights (lower [training].lr, or resume from the "
-    "last checkpoint)"
-)
 
 
 # -- the reference model -------------------------------------------------------------------

@@ -14,7 +14,6 @@ checkpoints)  4. evaluate and stop early  5. export the adapter and summarize.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from retrograd.algorithms.evaluate import Patience, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
     backward_group,
-    clip_and_step,
+    checked_step,
     groups_of,
     new_cache,
     restore_window,
@@ -34,7 +33,7 @@ from retrograd.algorithms.step import (
 )
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
-from retrograd.errors import CheckpointError, TrainingError
+from retrograd.errors import CheckpointError
 from retrograd.observe import names
 from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
@@ -188,7 +187,14 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
                 lr = lr_at(
                     pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                 )
-                _step(params, optimizer, training.max_grad_norm, lr, loss, pos, example)
+                checked_step(
+                    params,
+                    optimizer,
+                    training.max_grad_norm,
+                    lr,
+                    loss,
+                    f"step {pos.global_step + 1} ({example.where})",
+                )
                 pos = _advance(pos, epoch, i, g, len(groups), len(order))
                 tokens = sum(e - s for s, e in groups[g].passes)
                 result.tokens += tokens
@@ -239,24 +245,6 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
         }
     )
     return result
-
-
-def _step(params, optimizer, max_grad_norm: float, lr: float, loss: float, pos, example) -> None:
-    """Clip and step; a non-finite loss or gradient stops the run before the update."""
-    where = f"step {pos.global_step + 1} ({example.where})"
-    if not math.isfinite(loss):
-        optimizer.zero_grad(set_to_none=True)
-        raise TrainingError(f"{where}: the loss is {loss}; {_DIVERGED}")
-    try:
-        clip_and_step(params, optimizer, max_grad_norm, lr)
-    except TrainingError as e:
-        raise TrainingError(f"{where}: {e}; {_DIVERGED}") from None
-
-
-_DIVERGED = (
-    "training stopped before updating the weights (lower [training].lr, or resume from the "
-    "last checkpoint)"
-)
 
 
 def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_examples: int) -> Position:

@@ -133,6 +133,31 @@ def clip_and_step(
     return norm
 
 
+def checked_step(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float,
+    lr: float,
+    loss: float,
+    where: str,
+) -> None:
+    """clip_and_step after checking the loss: a non-finite loss or gradient stops the run
+    before the update, with `where` (the step and what it trained on) in the message."""
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"{where}: the loss is {loss}; {DIVERGED}")
+    try:
+        clip_and_step(params, optimizer, max_grad_norm, lr)
+    except TrainingError as e:
+        raise TrainingError(f"{where}: {e}; {DIVERGED}") from None
+
+
+DIVERGED = (
+    "training stopped before updating the weights (lower [training].lr, or resume from the "
+    "last checkpoint)"
+)
+
+
 # -- the window's cache in a checkpoint ----------------------------------------------------
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
