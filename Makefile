@@ -30,6 +30,8 @@ demo: venv
 	$(BIN)/retrograd train examples/demo/pirate.toml --model $(GEMMA)
 	$(BIN)/retrograd bench examples/demo/pirate.toml --model $(GEMMA) --adapter out/demo/pirate.gguf
 	$(BIN)/python examples/demo/continuations.py --model $(GEMMA) --adapter out/demo/pirate.gguf
+	@echo "Next, reinforcement learning on this CPU (docs/grpo.md):"
+	@echo "  $(BIN)/retrograd train examples/grpo/arithmetic.toml --model $(GEMMA)"
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples
