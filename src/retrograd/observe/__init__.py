@@ -2,7 +2,8 @@
 
 Loops build one `Metrics` and report steps, evaluations and checkpoint saves to it; metric names
 live in `names`. `log.configure_logging` turns on the `retrograd` logger's stderr lines of
-[run].verbose. The [observe] rollout directory (formats.md §6) is not here yet.
+[run].verbose. The [observe] rollout directory (formats.md §6) is `rollouts.ObserveWriter`,
+imported from its module (it reads the rollout records).
 Importing this package imports neither torch nor wandb, and configures nothing.
 """
 
