@@ -273,10 +273,17 @@ def test_prompt_longer_than_ctx_is_reported(chat_model, tmp_path):
         run_grpo(load_run(run), run_file=run)
 
 
-def test_cli_trains_grpo(chat_model, tmp_path, capsys):
-    run = write_run(tmp_path, chat_model, {"updates": 2})
+def test_cli_trains_grpo_with_observe(chat_model, tmp_path, capsys):
+    run = write_run(tmp_path, chat_model, {"updates": 2}, observe='directory = "obs"')
     assert main(["train", str(run)]) == 0
     assert (tmp_path / "out" / "adapter.gguf").exists()
+    records = [json.loads(x) for x in (tmp_path / "obs" / "observe.jsonl").read_text().splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[0] == "run" and kinds.count("update") == 2 and kinds.count("outcome") == 2
+    rollouts = [r for r in records if r["type"] == "rollout"]
+    assert len(rollouts) == 2 * 2 * 8  # updates x prompts x group
+    assert all(isinstance(r["completion"], str) and r["reward"] is not None for r in rollouts)
+    assert {p.name for p in (tmp_path / "obs").iterdir()} >= {"index.html", "viewer.js", "feed"}
 
 
 def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys, monkeypatch):
