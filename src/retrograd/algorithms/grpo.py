@@ -211,6 +211,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             _check_judge_drops(cfg, groups, update)
             stats = assign_advantages(groups, g.baseline, g.mask_truncated)
             trained = [r for grp in groups for r in grp.members if r.eligible]
+            if observe is not None:  # before training: `trained` comes with the outcome
+                observe.rollouts(update, groups)
             coef = kl.value(update)
             values = _rollout_metrics(groups, cursor - pos.cursor, g.prompts_per_update)
             values.update(stats_names(stats))
@@ -247,7 +249,6 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             values[names.KL_COEFFICIENT] = coef
             pos = Position(update, cursor, pos.global_step, pos.stalled, kl.state_dict())
             if observe is not None:
-                observe.rollouts(update, groups)
                 observe.outcome(update, groups)
                 values[names.OBSERVE_DROPPED] = observe.dropped_batches
                 observe.update(update, "completed" if trained else "skipped", values)
