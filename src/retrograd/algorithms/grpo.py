@@ -39,7 +39,7 @@ from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.data.sft import permutation
-from retrograd.errors import JudgeError, TrainingError
+from retrograd.errors import ConfigError, JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.model.logprobs import sequence_logprobs, shared_prefix_logprobs
 from retrograd.observe import names
@@ -130,10 +130,33 @@ def total_steps(cfg) -> int:
     return cfg.grpo.updates * cfg.grpo.grpo_epochs
 
 
+def check_available(cfg) -> None:
+    """Values the configuration reference allows that this loop cannot honour yet: refused
+    before anything loads, naming the key (docs/configuration.md, "At run time")."""
+    g, t = cfg.grpo, cfg.training
+    if g.judge is not None and g.judge.type != "command":
+        raise ConfigError(
+            f'[grpo.judge].type = "{g.judge.type}": not available in this version (the LLM '
+            'judge comes later; use type = "command" with a judge program)'
+        )
+    if t.is_set("generation_batch"):
+        raise ConfigError(
+            f"[training].generation_batch = {t.generation_batch}: not available in this "
+            "version (grpo prefills prompts in chunks of 512 tokens); leave it out"
+        )
+    if t.shared_prefix_fanout not in ("auto", "off"):
+        raise ConfigError(
+            f"[training].shared_prefix_fanout = {t.shared_prefix_fanout!r}: not available in "
+            "this version (grpo packs as many answers of a group as fit micro_batch; use auto "
+            "or off)"
+        )
+
+
 def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     started = time.perf_counter()
     g, training = cfg.grpo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
+    check_available(cfg)
     check_mode(training.trainable)
     outputs.check_outputs(cfg, run_file)
     prompt_file = read_prompts(g.prompts, "[grpo].prompts")

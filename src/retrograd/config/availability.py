@@ -117,15 +117,16 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; with grpo not available in this version (prompts prefill in chunks "
-        "of 512 tokens); agent_grpo and distill read it, refused by `train` until they land",
+        "refused for sft; with grpo `train` refuses it (not available in this version: "
+        "prompts prefill in chunks of 512 tokens); agent_grpo and distill read it, refused by "
+        "`train` until they land",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,
         "refused for sft; grpo honours auto (a group's answers scored after one pass over "
-        "their prompt, as many as fit micro_batch) and off, and refuses max and numbers (not "
-        "available in this version); agent_grpo and preference read it, refused by `train` "
-        "until they land",
+        "their prompt, as many as fit micro_batch) and off, and `train` refuses max and "
+        "numbers (not available in this version); agent_grpo and preference read it, refused "
+        "by `train` until they land",
     ),
     ("training", "fast_sampling_context"): _entry(
         ELSEWHERE, "read by grpo, chat and serve; an sft run samples nothing"
@@ -178,8 +179,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("sft", "*"): YES,
     ("grpo", "*"): _entry(
         HONOURED,
-        'honoured by grpo; a [grpo.judge] of type "ruler" is not available in this version '
-        '(use type = "command")',
+        'honoured by grpo; `train` refuses a [grpo.judge] of type "ruler" (not available in '
+        'this version: use type = "command")',
     ),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
@@ -238,24 +239,6 @@ UNAVAILABLE_VALUES = (
         "optimizer",
         lambda d, value: value == "gefen" and d.mode in ("lora", "hybrid"),
         "adapters train with adamw, sgd or muon",
-    ),
-    Unavailable(
-        "grpo.judge",
-        "type",
-        lambda d, value: value == "ruler",
-        'the LLM judge comes later; use type = "command" with a judge program',
-    ),
-    Unavailable(
-        "training",
-        "generation_batch",
-        lambda d, value: d.algorithm == "grpo" and d.get("training").is_set("generation_batch"),
-        "grpo prefills prompts in chunks of 512 tokens; leave it out",
-    ),
-    Unavailable(
-        "training",
-        "shared_prefix_fanout",
-        lambda d, value: d.algorithm == "grpo" and value not in ("auto", "off"),
-        "grpo packs as many answers of a group as fit micro_batch; use auto or off",
     ),
 )
 
