@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from retrograd.cli.main import main
 from retrograd.config import load_run
 from retrograd.errors import DataError
+from tests.e2e.test_train_sft import CHAT_TEMPLATE, scalars
 
 # A reward with an obvious signal for a tiny random model: the share of "e" in the answer.
 REWARD = r"""
@@ -45,13 +45,6 @@ PROMPTS = [
     "name a thing",
     "tell me more",
 ]
-
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
-    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
@@ -125,16 +118,6 @@ def sinks():
     from retrograd.algorithms.persist import Sinks
 
     return Sinks(console=Console(file=io.StringIO()))
-
-
-def scalars(tb: Path, tag: str) -> dict[int, float]:
-    out = {}
-    for run in sorted(tb.iterdir()):
-        acc = EventAccumulator(str(run))
-        acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            out.update({e.step: e.value for e in acc.Scalars(tag)})
-    return out
 
 
 def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
