@@ -1,0 +1,134 @@
+"""Preference pair files (formats.md §1.5): one JSON object a line with `prompt`, `chosen` and
+`rejected`, each a list of chat messages, an optional `tools` catalogue offered to both answers
+and an optional `metadata`, kept and never read.
+
+`read_pairs` validates every line before any model loads, and refuses with the file and line
+(`pairs.jsonl:17: missing "chosen"`). The rules, on top of those of chat and tool records
+(§1.2, §1.4) that prompt + chosen and prompt + rejected must each keep as one conversation:
+
+- the prompt ends on a user turn or on tool observations answering its last call; a system
+  message may only open it; its assistant turns are context;
+- each answer starts with an assistant turn, ends on an assistant turn or on the results of its
+  calls, and may span several turns; chosen and rejected differ.
+
+Decisions where the spec is silent: other top-level keys are ignored (only the scenario format
+is said to be strict); a message number in an error counts from the prompt's first message,
+as the conversation "prompt + chosen" reads. Rendering, the check that both renderings share
+the prompt token for token, raw turns' call markup and the ctx limit belong to the tokenizing
+step, not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrograd.data.sft import jsonl_lines
+from retrograd.errors import DataError
+from retrograd.tokenizer.records import validate_record
+
+SIDES = ("prompt", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One line, normalized as `validate_record` leaves messages (call ids named, JSON-string
+    arguments decoded, failed observations prefixed)."""
+
+    key: str  # "pairs.jsonl:3"
+    index: int
+    prompt: tuple[dict, ...]
+    chosen: tuple[dict, ...]
+    rejected: tuple[dict, ...]
+    tools: tuple[dict, ...]  # OpenAI function shape; () without a catalogue
+    metadata: Any = None
+
+
+@dataclass(frozen=True)
+class PairFile:
+    path: Path
+    pairs: tuple[Pair, ...]
+    fingerprint: str  # sha256 of the file's bytes
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def read_pairs(path: str | Path, where: str = "[preference].data") -> PairFile:
+    """Every line validated; DataError naming file and line on the first broken one."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{where} = {path}: no such pair file")
+    raw = path.read_bytes()
+    pairs = []
+    for place, text in jsonl_lines(path, raw):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+        pairs.append(read_pair(record, place, len(pairs)))
+    if not pairs:
+        raise DataError(f"{where} = {path}: no pair in the file")
+    return PairFile(path, tuple(pairs), hashlib.sha256(raw).hexdigest())
+
+
+def read_pair(record: Any, place: str, index: int = 0) -> Pair:
+    """One decoded line as a Pair, or DataError naming `place`."""
+    if not isinstance(record, dict):
+        raise DataError(
+            f'{place}: a pair must be a JSON object with "prompt", "chosen", "rejected"'
+        )
+    for side in SIDES:
+        if side not in record:
+            raise DataError(f'{place}: missing "{side}"')
+        if not isinstance(record[side], list) or not record[side]:
+            raise DataError(f'{place}: "{side}" must be a non-empty list of messages')
+    _check_roles(record, place)
+    n = len(record["prompt"])
+    answers = {}
+    for side in ("chosen", "rejected"):
+        conversation = {"messages": record["prompt"] + record[side], "tools": record.get("tools")}
+        messages, tools = validate_record(conversation, f"{place}: prompt + {side}")
+        answers[side] = messages[n:]
+    if answers["chosen"] == answers["rejected"]:
+        raise DataError(f'{place}: "chosen" and "rejected" are the same answer')
+    return Pair(
+        place,
+        index,
+        tuple(messages[:n]),
+        tuple(answers["chosen"]),
+        tuple(answers["rejected"]),
+        tuple(tools),
+        record.get("metadata"),
+    )
+
+
+def _check_roles(record: dict, place: str) -> None:
+    """Where the prompt ends and the answers start and end; checked before the conversation
+    rules, which would name the same mistake less plainly ("two consecutive assistant
+    messages"). A message without a valid role is left to those rules."""
+    last = _role(record["prompt"][-1])
+    if last in ("assistant", "system"):
+        raise DataError(
+            f'{place}: the prompt ends on a message of role "{last}"; it must end on a user '
+            "turn or on tool observations"
+        )
+    for side in ("chosen", "rejected"):
+        first, last = _role(record[side][0]), _role(record[side][-1])
+        if first in ("system", "user", "tool"):
+            raise DataError(
+                f'{place}: "{side}" starts with a message of role "{first}"; it must start '
+                "with an assistant turn"
+            )
+        if last in ("system", "user"):
+            raise DataError(
+                f'{place}: "{side}" ends on a message of role "{last}"; it must end on an '
+                "assistant turn or on the results of its calls"
+            )
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
