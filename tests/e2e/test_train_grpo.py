@@ -75,6 +75,7 @@ def write_run(tmp: Path, model: Path, grpo: dict | None = None, **sections) -> P
     g.update(grpo or {})
     t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64, "gradient_accumulation": 1}
     t.update(sections.pop("training", {}))
+    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
     sampling = sections.pop("sampling", {})
     extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
 
@@ -181,6 +182,43 @@ def test_rescoring_is_the_same_with_and_without_grad(tiny_model):
     b = sequence_logprobs(m.decoder, rows)
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x, y.detach())
+
+
+def test_the_reference_default_passes_give_the_whole_context_update(chat_model, tmp_path):
+    """ctx 128 with the reference's micro_batch (32, gradient_accumulation left out): an
+    update's answers go through many small passes (groups split into fan-outs of two answers,
+    single rows) and give the update of one pass over everything (micro_batch = ctx)."""
+    from gguf import GGUFReader
+
+    from retrograd.algorithms.grpo import run_grpo
+
+    adapters, losses = [], []
+    for name, micro in (("default", None), ("whole", 128)):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        training = {"ctx": 128, "micro_batch": micro, "gradient_accumulation": None, "lr": 1e-3}
+        run = write_run(
+            tmp,
+            chat_model,
+            {"updates": 1},
+            metrics='tensorboard_dir = "tb"',
+            training=training,
+            sampling={"max_new_tokens": 12},
+        )
+        cfg = load_run(run)
+        assert cfg.training.micro_batch == (micro or 32)
+        run_grpo(cfg, run_file=run, sinks=sinks())
+        reader = GGUFReader(tmp / "out" / "adapter.gguf")
+        adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
+        losses.append(scalars(tmp / "tb", "policy/surrogate_loss")[1])
+    default, whole = adapters
+    assert default.keys() == whole.keys() and default
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
+    # the same step up to float32 summation order (Adam's first step is about lr x sign(grad))
+    moved = sum(float(np.abs(v).sum()) for k, v in whole.items() if k.endswith(".lora_b"))
+    assert moved > 0
+    diff = sum(float(np.abs(default[k] - whole[k]).sum()) for k in whole)
+    assert diff < 1e-3 * moved, (diff, moved)
 
 
 KILLED = {"updates": 6}

@@ -276,7 +276,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                 values[names.OBSERVE_DROPPED] = observe.dropped_batches
                 observe.update(update, "completed" if trained else "skipped", values)
             tokens = sum(r.n_tokens for grp in groups for r in grp.members)
-            sinks.step(pos.global_step, update, values, tokens, time.perf_counter() - t0)
+            epoch = max(cursor - 1, 0) // len(stream.prompts) + 1  # the pass over the prompts
+            sinks.step(pos.global_step, epoch, values, tokens, time.perf_counter() - t0)
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             # evaluation, then the checkpoint that includes its patience

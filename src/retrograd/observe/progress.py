@@ -45,8 +45,10 @@ def format_value(value: object) -> str:
 
 
 def step_stats(values: Mapping[str, float]) -> str:
-    """`loss 1.2345 · lr 2.00e-05 · 1,234 tok/s` from the names it knows; others are left out."""
+    """`reward 0.5000 · loss 1.2345 · lr 2.00e-05 · 1,234 tok/s` from the names it knows; others are left out."""
     parts = []
+    if names.REWARD_MEAN in values:
+        parts.append(f"reward {values[names.REWARD_MEAN]:.4f}")
     if names.TRAIN_LOSS in values:
         parts.append(f"loss {values[names.TRAIN_LOSS]:.4f}")
     if names.LEARNING_RATE in values:

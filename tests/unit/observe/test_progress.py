@@ -69,4 +69,5 @@ def test_formatting_helpers():
     assert format_duration(3723.4) == "1:02:03"
     assert format_duration(float("nan")) == "-"
     assert step_stats({names.TRAIN_LOSS: float("nan")}) == "loss nan"
-    assert step_stats({"reward/mean": 1.0}) == ""
+    assert step_stats({"reward/mean": 0.25}) == "reward 0.2500"
+    assert step_stats({"policy/kl": 1.0}) == ""

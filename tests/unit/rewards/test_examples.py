@@ -55,3 +55,45 @@ def test_the_reward_of_the_grpo_and_ppo_examples():
     ]
     with RewardProgram(argv, timeout=20) as program:
         assert [r.reward for r in program.score(requests)] == [1.0, 0.0]
+
+
+PLURALS = [  # prompt, completion, expected reward
+    ("Plural of cat:", "cats", 1.0),
+    ("Plural of cat:", " Cats.\n", 1.0),
+    ("Plural of box:", "boxes and more", 0.75),
+    ("Plural of city:", "cities", 1.0),
+    ("Plural of city:", "citys", 0.0),
+    ("Plural of key:", "keys", 1.0),
+    ("Plural of church:", "churches", 1.0),
+    ("Plural of bush:", "bush bush", 0.25),
+    ("Plural of bush:", "the bushes", 0.0),
+    ("Say hello.", "hellos", 0.0),
+    ("Plural of cat:", "", 0.0),
+]
+
+
+def test_plurals_climbs_its_ladder():
+    """The reward of the GRPO example (examples/grpo/plurals.toml): the plural alone 1, the
+    plural then more 0.75, the word copied 0.25, anything else 0."""
+    argv = [sys.executable, str(EXAMPLES / "plurals.py")]
+    with RewardProgram(argv, timeout=20) as program:
+        rewards = [r.reward for r in program.score([RewardRequest(p, c) for p, c, _ in PLURALS])]
+    assert rewards == [want for _, _, want in PLURALS]
+
+
+def test_every_example_prompt_has_a_plural_the_program_knows():
+    """The example's prompt files end with a question the program parses, and the solved turns
+    before it agree with the program's rule."""
+    import json
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from plurals import QUESTION, plural
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    for name in ("plurals.jsonl", "plurals-eval.jsonl"):
+        for line in (EXAMPLES.parent / "grpo" / name).read_text().splitlines():
+            messages = json.loads(line)["messages"]
+            assert QUESTION.search(messages[-1]["content"]), line
+            for question, answer in zip(messages[:-1:2], messages[1::2], strict=True):
+                assert plural(QUESTION.search(question["content"])[1]) == answer["content"]
