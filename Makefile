@@ -31,7 +31,7 @@ demo: venv
 	$(BIN)/retrograd bench examples/demo/pirate.toml --model $(GEMMA) --adapter out/demo/pirate.gguf
 	$(BIN)/python examples/demo/continuations.py --model $(GEMMA) --adapter out/demo/pirate.gguf
 	@echo "Next, reinforcement learning on this CPU (docs/grpo.md):"
-	@echo "  $(BIN)/retrograd train examples/grpo/arithmetic.toml --model $(GEMMA)"
+	@echo "  $(BIN)/retrograd train examples/grpo/plurals.toml --model $(GEMMA)"
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

@@ -4,9 +4,9 @@
                                  [--prompts 4] [--group 8] [--new 64] [--rest 20] [--rounds 1]
 
 Both sides run the same update: a LoRA (rank 8, alpha 16, q k v o gate up down, no dropout),
-4 prompts of examples/grpo/prompts.jsonl in file order (chat-rendered by the gemma format; TRL
-gets the same messages as conversational prompts and renders the same ids, which the report
-checks), 8 answers each at temperature 1 (top-p 1, no top-k), exactly 64 new tokens per answer
+4 prompts of bench/grpo-prompts.jsonl (arithmetic questions) in file order (chat-rendered by
+the gemma format; TRL gets the same messages as conversational prompts and renders the same
+ids, which the report checks), 8 answers each at temperature 1 (top-p 1, no top-k), exactly 64 new tokens per answer
 (end of generation ignored: TRL by `min_new_tokens`, ours by dropping the sampler's stop ids in
 the bench's process), rewarded by examples/rewards/arithmetic.py (ours runs it as its reward
 program; TRL calls its `score` as a Python reward function), advantages as the reward minus the

@@ -31,7 +31,7 @@ from bench.sft_sides import (
 from bench.sft_sides import RUN_FILE as SFT_RUN_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "examples/grpo/prompts.jsonl"
+PROMPTS = ROOT / "bench/grpo-prompts.jsonl"
 REWARD = ROOT / "examples/rewards/arithmetic.py"
 LR = 2e-4
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28

@@ -307,6 +307,34 @@ def test_cli_trains_grpo_with_observe(chat_model, tmp_path, capsys):
     assert {p.name for p in (tmp_path / "obs").iterdir()} >= {"index.html", "viewer.js", "feed"}
 
 
+def test_an_update_without_signal_counts_as_an_update_not_a_step(chat_model, tmp_path, capsys):
+    """Every answer to "say something" gets the same reward: its update makes no optimizer
+    step. The progress counts updates, the summary says both, TensorBoard keeps the step."""
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"updates": 3, "prompts_per_update": 1, "prompt_order": "sequential"},
+        metrics='tensorboard_dir = "tb"',
+    )
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        reward.read_text().replace(
+            'reward = text.count("e") / max(1, len(text))',
+            'reward = 0.5 if req["prompt"] == "say something" else text.count("e") / max(1, len(text))',
+        )
+    )
+    assert main(["train", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "update 3/3" in out
+    summary = out[out.index("run summary") :]
+    assert "updates" in summary and "3/3" in summary
+    assert "optimizer steps" in summary and "│ 2 " in summary.replace("┃", "│")
+    tb = scalars(tmp_path / "tb", "reward/mean")
+    assert sorted(tb) == [1, 2]  # the skipped update reports at the step it left unchanged
+    skipped = scalars(tmp_path / "tb", "batch/trained_fraction")
+    assert 0.0 in skipped.values()
+
+
 def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # the table's full width
     run = write_run(tmp_path, chat_model, {"updates": 2})

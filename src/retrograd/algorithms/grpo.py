@@ -205,11 +205,13 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         cfg,
         model,
         plan,
-        steps,
+        g.updates,  # the bar counts updates: one without signal makes no optimizer step
         data=(prompt_file.path, f"{prompt_file.path.name}: {len(prompts)} prompts"),
         held=(held_file.path, f"{held_file.path.name}: {len(held)} prompts") if held else None,
         iterations=g.updates,
         initial_step=pos.global_step,
+        unit="update",
+        initial_position=pos.update,
     )
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
@@ -277,7 +279,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                 observe.update(update, "completed" if trained else "skipped", values)
             tokens = sum(r.n_tokens for grp in groups for r in grp.members)
             epoch = max(cursor - 1, 0) // len(stream.prompts) + 1  # the pass over the prompts
-            sinks.step(pos.global_step, epoch, values, tokens, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             # evaluation, then the checkpoint that includes its patience
@@ -310,7 +313,6 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     sinks.finish(
         {
             "adapter": str(result.output),
-            "updates": result.updates,
             "mean reward, first -> last update": _first_last(result.rewards),
             "stopped early": result.stopped or "no",
         }

@@ -126,10 +126,13 @@ class Sinks:
         held: tuple[Path, str] | None = None,
         iterations: int,
         initial_step: int = 0,
+        unit: str = "step",
+        initial_position: int | None = None,
     ) -> None:
         """Print what the run is about to do and open the metric sinks. data, held: (path,
         one-line description) of the training and evaluation files; iterations: epochs or
-        updates."""
+        updates; total_steps counts `unit` (optimizer steps, or the loop's updates, from
+        `initial_position` on resume)."""
         self.plan_lines = plan.describe()
         if self.quiet:
             return
@@ -158,20 +161,28 @@ class Sinks:
             tensorboard_dir=m.tensorboard_dir if m else None,
             wandb_export_dir=m.wandb_export_dir if m else None,
             initial_step=initial_step,
+            unit=unit,
+            initial_position=initial_position,
         )
 
     def resumed(self, source: str, global_step: int) -> None:
         if self.metrics is not None:
             self.console.print(f"resumed from {source} at step {global_step}")
             self.metrics.global_step = global_step
-            self.metrics.progress.global_step = global_step
 
     def step(
-        self, global_step: int, epoch: int, values: dict[str, float], tokens: int, seconds: float
+        self,
+        global_step: int,
+        epoch: int,
+        values: dict[str, float],
+        tokens: int,
+        seconds: float,
+        position: int | None = None,
     ) -> None:
-        """One optimizer step's metrics, by their names (observe/names.py)."""
+        """One optimizer step's metrics, by their names (observe/names.py); `position` in
+        the progress unit when it is not the step."""
         if self.metrics is not None:
-            self.metrics.step(global_step, epoch, values, tokens=tokens)
+            self.metrics.step(global_step, epoch, values, tokens=tokens, position=position)
 
     def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
         if self.metrics is not None:

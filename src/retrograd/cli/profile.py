@@ -9,7 +9,7 @@ memory, device memory on a GPU, and the workload that ran. Only grpo runs are ac
 refused before the model loads.
 
 Example:
-  retrograd profile examples/grpo/arithmetic.toml --model gemma-3-270m-q4_k_m.gguf --updates 2
+  retrograd profile examples/grpo/plurals.toml --model gemma-3-270m-q4_k_m.gguf --updates 2
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def profile(cfg, run_file) -> int:
             marks["init"] = time.perf_counter() - started
             super().start(*a, **k)
 
-        def step(self, global_step, epoch, values, tokens, seconds):
+        def step(self, global_step, epoch, values, tokens, seconds, position=None):
             for phase, name in phases.items():
                 totals[phase] += float(values.get(name, 0.0))
 

@@ -54,7 +54,11 @@ class Metrics:
         wandb_project: str = PROJECT,
         every_steps: int = 10,
         every_seconds: float = 30.0,
+        unit: str = "step",
+        initial_position: int | None = None,
     ):
+        """`unit` is what the progress bar counts over `total_steps`: optimizer steps, or
+        "update" for rollout loops (`initial_position` their first, on resume)."""
         self.run_info = run_info
         # W&B first: a missing wandb package fails before any directory is created.
         self.wandb = None
@@ -67,10 +71,11 @@ class Metrics:
         self.progress = Progress(
             total_steps,
             console=console,
-            initial_step=initial_step,
+            initial_step=initial_step if initial_position is None else initial_position,
             title=run_info.algorithm,
             every_steps=every_steps,
             every_seconds=every_seconds,
+            unit=unit,
         )
         self.global_step = initial_step
         self.epoch = 0
@@ -82,10 +87,16 @@ class Metrics:
         self._train_seconds = 0.0
 
     def step(
-        self, global_step: int, epoch: int, values: Mapping[str, float], tokens: int = 0
+        self,
+        global_step: int,
+        epoch: int,
+        values: Mapping[str, float],
+        tokens: int = 0,
+        position: int | None = None,
     ) -> None:
-        """One optimizer step. `tokens` trained since the previous step give tokens/s, unless
-        `values` already holds `system/tokens_per_second`."""
+        """One optimizer step (or a rollout loop's update: `position` in the progress unit).
+        `tokens` trained since the previous step give tokens/s, unless `values` already holds
+        `system/tokens_per_second`."""
         assert not self.closed, "step() after finish() or fail()"
         now = monotonic()
         seconds, self._clock = now - self._clock, now
@@ -96,7 +107,7 @@ class Metrics:
             shown[names.TOKENS_PER_SECOND] = tokens / seconds
         self.global_step, self.epoch = global_step, epoch
         self._emit(global_step, epoch, shown)
-        self.progress.step(global_step, epoch, shown)
+        self.progress.step(global_step if position is None else position, epoch, shown)
 
     def evaluation(
         self, global_step: int, values: Mapping[str, float], *, improved: bool | None = None
@@ -137,7 +148,12 @@ class Metrics:
     def summary_rows(self, summary: Mapping[str, object] | None = None) -> dict[str, object]:
         """Our own rows (outputs, best evaluation, time, tokens/s, peak memory), then the
         caller's, which add to or replace them."""
-        rows: dict[str, object] = {"steps": f"{self.global_step}/{self.progress.total_steps}"}
+        progress = self.progress
+        if progress.unit == "step":
+            rows: dict[str, object] = {"steps": f"{self.global_step}/{progress.total_steps}"}
+        else:
+            rows = {f"{progress.unit}s": f"{progress.position}/{progress.total_steps}"}
+            rows["optimizer steps"] = self.global_step
         rows.update(self.outputs())
         rows.update({f"best {name}": value for name, value in self.best_eval.items()})
         rows["time"] = format_duration(monotonic() - self._started)

@@ -70,9 +70,14 @@ class Progress:
         title: str = "training",
         every_steps: int = 10,
         every_seconds: float = 30.0,
+        unit: str = "step",
     ):
         self.console = console or Console()
         self.total_steps = total_steps
+        # what the bar counts: optimizer steps, or the loop's own unit ("update" for rollout
+        # loops, whose updates without signal make no step); events then name it too
+        self.unit = unit
+        self.position = initial_step
         self.title = title
         self.every_steps = every_steps
         self.every_seconds = every_seconds
@@ -95,6 +100,8 @@ class Progress:
         return elapsed / done * max(self.total_steps - global_step, 0)
 
     def step(self, global_step: int, epoch: int, values: Mapping[str, float]) -> None:
+        """`global_step` counts in `unit`: the position of the bar."""
+        self.position = global_step
         stats = step_stats(values)
         eta = format_duration(self.eta(global_step))
         if self.live:
@@ -102,7 +109,7 @@ class Progress:
         elif self._line_due(global_step):
             self._last_line = (global_step, monotonic())
             elapsed = format_duration(monotonic() - self._started)
-            line = f"step {global_step}/{self.total_steps} epoch {epoch}"
+            line = f"{self.unit} {global_step}/{self.total_steps} epoch {epoch}"
             line += f" · {stats}" if stats else ""
             self.console.print(
                 f"{line} · elapsed {elapsed} · eta {eta}", markup=False, highlight=False
@@ -141,10 +148,15 @@ class Progress:
     def evaluation(self, global_step: int, values: Mapping[str, float], improved: bool) -> None:
         shown = ", ".join(f"{name} {format_value(float(v))}" for name, v in values.items())
         best = " (best)" if improved else ""
-        self.event(f"eval at step {global_step}: {shown or 'no values'}{best}")
+        self.event(f"eval at {self._at(global_step)}: {shown or 'no values'}{best}")
 
     def checkpoint(self, path: str | Path, global_step: int) -> None:
-        self.event(f"checkpoint at step {global_step}: {path}")
+        self.event(f"checkpoint at {self._at(global_step)}: {path}")
+
+    def _at(self, global_step: int) -> str:
+        if self.unit == "step":
+            return f"step {global_step}"
+        return f"{self.unit} {self.position} (step {global_step})"
 
     def close(self) -> None:
         if self._bar is not None:
