@@ -298,7 +298,7 @@ def worker_ours(args) -> dict:
             reset_hwm()
             begun.append(time.perf_counter())
 
-        def step(self, global_step, update, values, tokens, seconds):
+        def step(self, global_step, update, values, tokens, seconds, position=None):
             ends.append(time.perf_counter())
             parts.append({k: values.get(v, 0.0) for k, v in keys.items()})
             seen.append(
