@@ -1,4 +1,5 @@
-"""What every training run builds before its loop: model, chat format, plan, optimizer.
+"""What every training run builds before its loop: model, chat format, plan, optimizer, and
+the reference model of a KL term or a preference loss.
 
 Functions, not a class hierarchy: each loop calls the ones it needs in the order it reads.
 """
@@ -32,6 +33,17 @@ def load_model(cfg) -> Model:
 def chat_format(model: Model, template_variables: dict | None = None) -> ChatFormat:
     template = chat_template(model.tokenizer, model.gguf.metadata, template_variables or {})
     return ChatFormat(model.tokenizer, template)
+
+
+def file_chat_format(path, template_variables: dict | None = None) -> ChatFormat:
+    """The chat format of the GGUF at `path`, from its metadata alone: data can be tokenized
+    and refused before the weights load."""
+    from retrograd.gguf import GGUFFile
+    from retrograd.tokenizer import Tokenizer
+
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf(gguf)
+    return ChatFormat(tokenizer, chat_template(tokenizer, gguf.metadata, template_variables or {}))
 
 
 def apply_memory_knobs(model: Model, training) -> None:
@@ -89,3 +101,52 @@ def check_same_tokenizer(model: Model, other: Model, where: str) -> None:
                 f"{where} = {other.gguf.path}: its tokenizer differs from the model's "
                 f"({key}); the reference must share the model's vocabulary"
             )
+
+
+# -- the reference model -------------------------------------------------------------------
+
+
+def reference(cfg, model: Model, adapters):
+    """A factory of contexts giving the reference decoder: None (the policy's own decoder with
+    its adapters off, no second copy of the weights) or [reference].model's, loaded here."""
+    if cfg.reference is None:
+        return lambda: _Off(adapters)
+    import retrograd
+
+    ref = retrograd.load(cfg.reference.model, device=cfg.model.device, threads=cfg.training.threads)
+    check_same_tokenizer(model, ref, "[reference].model")
+    return lambda: _Same(ref.decoder)
+
+
+def reference_id(cfg) -> str | None:
+    """The content fingerprint of [reference].model: a resumed run must score against it."""
+    if cfg.reference is None:
+        return None
+    from retrograd.checkpoint import model_identity
+
+    return model_identity(cfg.reference.model).fingerprint
+
+
+class _Off:
+    def __init__(self, adapters):
+        from retrograd.trainable.lora import adapters_off
+
+        self.cm = adapters_off(adapters)
+
+    def __enter__(self):
+        self.cm.__enter__()
+        return None
+
+    def __exit__(self, *exc):
+        return self.cm.__exit__(*exc)
+
+
+class _Same:
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def __enter__(self):
+        return self.decoder
+
+    def __exit__(self, *exc):
+        return False

@@ -67,6 +67,13 @@ def sft_loss(
     return (total / count if count else float("nan")), count
 
 
+def epoch_evaluation_due(cfg, epoch: int) -> bool:
+    """Whether [evaluation] runs after `epoch` (counted from 0): every every_iterations
+    epochs, and after the last one (SFT and preference runs)."""
+    every = cfg.evaluation.every_iterations
+    return (epoch + 1) % every == 0 or epoch + 1 == cfg.training.epochs
+
+
 def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))
 

@@ -57,7 +57,6 @@ from retrograd.rollout.shaping import (
 from retrograd.sampling import Sampler
 from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
 from retrograd.seeds import SAMPLE, derive_seed
-from retrograd.trainable.lora import adapters_off
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     params = [p for _, p in named]
     optimizer = build_optimizer(params, training, cfg.optimizer)
     rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
-    reference = _reference(cfg, model, adapters)
+    reference = context.reference(cfg, model, adapters)
     sampler = Sampler(
         model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
     )
@@ -181,7 +180,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     settings = {
         "grpo": g.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "fast_sampling_context": training.fast_sampling_context,
-        "reference": _reference_id(cfg),
+        "reference": context.reference_id(cfg),
     }
     fingerprints = {
         "prompts": prompt_file.fingerprint,
@@ -600,52 +599,6 @@ def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, fl
         names.CLIP_FRACTION: sums["clipped"],
         names.SAMPLER_LOGPROB_GAP: sums["gap"] / total_tokens,
     }
-
-
-# -- the reference model -------------------------------------------------------------------
-
-
-def _reference(cfg, model, adapters):
-    """A context giving the reference decoder: None (the policy's own decoder with its
-    adapters off) or [reference].model's."""
-    if cfg.reference is None:
-        return lambda: _Off(adapters)
-    import retrograd
-
-    ref = retrograd.load(cfg.reference.model, device=cfg.model.device, threads=cfg.training.threads)
-    context.check_same_tokenizer(model, ref, "[reference].model")
-    return lambda: _Same(ref.decoder)
-
-
-class _Off:
-    def __init__(self, adapters):
-        self.cm = adapters_off(adapters)
-
-    def __enter__(self):
-        self.cm.__enter__()
-        return None
-
-    def __exit__(self, *exc):
-        return self.cm.__exit__(*exc)
-
-
-class _Same:
-    def __init__(self, decoder):
-        self.decoder = decoder
-
-    def __enter__(self):
-        return self.decoder
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _reference_id(cfg) -> str | None:
-    if cfg.reference is None:
-        return None
-    from retrograd.checkpoint import model_identity
-
-    return model_identity(cfg.reference.model).fingerprint
 
 
 # -- metrics and evaluation ----------------------------------------------------------------

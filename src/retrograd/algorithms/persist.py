@@ -11,6 +11,7 @@ never an algorithm's own section, and knows no training math.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ from retrograd.gguf.lora_export import write_lora_adapter
 from retrograd.observe import Metrics, RunInfo
 from retrograd.optim import base_lr, lr_at
 from retrograd.trainable.plan import trained_parameters
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -183,6 +186,12 @@ class Sinks:
         the progress unit when it is not the step."""
         if self.metrics is not None:
             self.metrics.step(global_step, epoch, values, tokens=tokens, position=position)
+
+    def warn(self, message: str) -> None:
+        """A warning the run goes on after: on stderr's log, and on the terminal."""
+        _log.warning("%s", message)
+        if self.metrics is not None:
+            self.console.print(f"warning: {message}", markup=False, style="yellow")
 
     def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
         if self.metrics is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from retrograd.algorithms import context, outputs, persist
-from retrograd.algorithms.evaluate import Patience, perplexity, sft_loss
+from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
     backward_group,
@@ -216,7 +216,7 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
                 # 4. evaluate after an epoch's last step, before that step's checkpoint
                 if pos.epoch == epoch + 1:
                     result.epochs_done = epoch + 1
-                    if held is not None and _evaluate_now(cfg, epoch):
+                    if held is not None and epoch_evaluation_due(cfg, epoch):
                         _evaluate(cfg, model, held, pos, patience, result, sinks)
                         if result.last_eval_improved:
                             persist.save_best(
@@ -282,8 +282,3 @@ def _evaluate(
         {names.EVAL_LOSS: loss, names.EVAL_PERPLEXITY: perplexity(loss)},
         result.last_eval_improved,
     )
-
-
-def _evaluate_now(cfg, epoch: int) -> bool:
-    every = cfg.evaluation.every_iterations
-    return (epoch + 1) % every == 0 or epoch + 1 == cfg.training.epochs

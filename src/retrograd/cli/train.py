@@ -31,8 +31,14 @@ def _grpo():
     return run_grpo
 
 
+def _preference():
+    from retrograd.algorithms.preference import run_preference
+
+    return run_preference
+
+
 # [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
-LOOPS = {"sft": _sft, "grpo": _grpo}
+LOOPS = {"sft": _sft, "grpo": _grpo, "preference": _preference}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.algorithm not in LOOPS:
         raise ConfigError(
             f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: this version trains "
-            f"{' and '.join(LOOPS)}; the file is valid, its loop is not available yet"
+            f"{', '.join(LOOPS)}; the file is valid, its loop is not available yet"
         )
     from retrograd.algorithms.persist import Sinks
 

@@ -48,7 +48,7 @@ YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
 _LATER_ALGORITHM = {
     name: _entry(LATER, f"with {name}: `train` refuses {name} until its loop lands")
-    for name in ("ppo", "distill", "preference", "agent")
+    for name in ("ppo", "distill", "agent")
 }
 _LATER_ALGORITHM["agent"] = _entry(
     LATER, "with agent_grpo: `train` refuses agent_grpo until its loop lands"
@@ -59,7 +59,8 @@ _GRPO_TOO = "refused for sft; honoured by grpo; {} read it, refused by `train` u
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
     ("run", "algorithm"): _entry(
-        HONOURED, "sft and grpo train; `train` refuses the others until their loops land"
+        HONOURED,
+        "sft, grpo and preference train; `train` refuses the others until their loops land",
     ),
     ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
     ("model", "path"): YES,
@@ -125,8 +126,9 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         NOT_READ,
         "refused for sft; grpo honours auto (a group's answers scored after one pass over "
         "their prompt, as many as fit micro_batch) and off, and `train` refuses max and "
-        "numbers (not available in this version); agent_grpo and preference read it, refused "
-        "by `train` until they land",
+        "numbers (not available in this version); preference honours auto, off, max and 2 "
+        "(a pair's two answers after one prompt pass; more than 2 refused); agent_grpo reads "
+        "it, refused by `train` until it lands",
     ),
     ("training", "fast_sampling_context"): _entry(
         ELSEWHERE, "read by grpo, chat and serve; an sft run samples nothing"
@@ -174,7 +176,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo and agent_grpo")),
     ("reference", "*"): _entry(
         NOT_READ,
-        _GRPO_TOO.format("KL penalties and dpo/ipo (agent_grpo, distill, preference)"),
+        "refused for sft; honoured by grpo (KL penalty) and by preference (dpo and ipo); "
+        "agent_grpo and distill read it, refused by `train` until they land",
     ),
     ("sft", "*"): YES,
     ("grpo", "*"): _entry(
@@ -182,6 +185,7 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         'honoured by grpo; `train` refuses a [grpo.judge] of type "ruler" (not available in '
         'this version: use type = "command")',
     ),
+    ("preference", "*"): _entry(HONOURED, "honoured by preference"),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
         LATER,

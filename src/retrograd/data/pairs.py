@@ -13,9 +13,12 @@ and an optional `metadata`, kept and never read.
 
 Decisions where the spec is silent: other top-level keys are ignored (only the scenario format
 is said to be strict); a message number in an error counts from the prompt's first message,
-as the conversation "prompt + chosen" reads. Rendering, the check that both renderings share
-the prompt token for token, raw turns' call markup and the ctx limit belong to the tokenizing
-step, not here.
+as the conversation "prompt + chosen" reads.
+
+`tokenize_pairs` is the second step, once a chat format is known (the tokenizer and template
+come from the GGUF's metadata, so it still runs before the weights load): the prompt is
+rendered once with the generation prompt, each answer after it; both renderings must start
+with the prompt's ids exactly, and a pair longer than [training].ctx is refused, never cut.
 """
 
 from __future__ import annotations
@@ -104,6 +107,68 @@ def read_pair(record: Any, place: str, index: int = 0) -> Pair:
         tuple(tools),
         record.get("metadata"),
     )
+
+
+@dataclass(frozen=True)
+class TokenPair:
+    """A pair as ids: the prompt once, then each answer's ids after it with its train mask
+    (1 where the model writes; trailing template framing is dropped)."""
+
+    key: str  # "pairs.jsonl:3"
+    index: int
+    prompt: tuple[int, ...]
+    chosen: tuple[int, ...]
+    chosen_mask: tuple[int, ...]
+    rejected: tuple[int, ...]
+    rejected_mask: tuple[int, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        """The pair's tokens, the prompt counted once (what its packed pass holds)."""
+        return len(self.prompt) + len(self.chosen) + len(self.rejected)
+
+
+def tokenize_pairs(
+    file: PairFile, chat, ctx: int, where: str = "[training].ctx"
+) -> list[TokenPair]:
+    """Every pair of the file as ids; DataError naming the line of a pair whose template
+    rewrites the prompt once an answer follows, or whose tokens exceed ctx."""
+    out = []
+    for pair in file.pairs:
+        tools = [dict(t) for t in pair.tools] or None
+        prompt = chat.prompt_ids([dict(m) for m in pair.prompt], tools)
+        sides = {s: _answer(pair, s, chat, prompt, tools) for s in ("chosen", "rejected")}
+        tp = TokenPair(pair.key, pair.index, tuple(prompt), *sides["chosen"], *sides["rejected"])
+        if tp.n_tokens > ctx:
+            raise DataError(
+                f"{pair.key}: the pair renders to {tp.n_tokens} tokens (prompt {len(prompt)}, "
+                f"chosen {len(tp.chosen)}, rejected {len(tp.rejected)}), more than {where} = "
+                f"{ctx}; pairs are never cut: shorten it or raise ctx"
+            )
+        out.append(tp)
+    return out
+
+
+def _answer(pair: Pair, side: str, chat, prompt: list[int], tools) -> tuple[tuple, tuple]:
+    """(ids, mask) of one answer after the prompt's ids."""
+    messages = [dict(m) for m in pair.prompt + getattr(pair, side)]
+    enc = chat.encode(messages, tools)
+    ids, mask = list(enc.ids), list(enc.train_mask)
+    n = len(prompt)
+    if ids[:n] != prompt or any(mask[:n]):
+        at = next((i for i, (a, b) in enumerate(zip(ids, prompt, strict=False)) if a != b), n)
+        raise DataError(
+            f"{pair.key}: the chat template renders the prompt differently once the {side} "
+            f"answer follows (the ids differ from token {at} of {n}); both answers must share "
+            "the prompt token for token, so this template cannot train preference pairs"
+        )
+    ids, mask = ids[n:], mask[n:]
+    while mask and not mask[-1]:  # framing after the last written token: never scored
+        ids.pop()
+        mask.pop()
+    if not mask:
+        raise DataError(f'{pair.key}: "{side}" has no model-written token to score')
+    return tuple(ids), tuple(mask)
 
 
 def _check_roles(record: dict, place: str) -> None:

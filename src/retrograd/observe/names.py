@@ -51,3 +51,23 @@ OBSERVE_DROPPED = "observe/dropped_batches"
 EVAL_MEAN_REWARD = "eval/mean_reward"
 EVAL_REWARD_MIN = "eval/reward_min"
 EVAL_REWARD_MAX = "eval/reward_max"
+
+# Preference (formats.md §7.2): means over the step's pairs. chosen_logps / rejected_logps are
+# summed log-probabilities of the answers' written tokens (nats); rewards, margin and accuracy
+# as losses/preference.py defines them per loss; nll, log_odds and orpo_clamped for orpo only.
+PREFERENCE_LOSS = "preference/loss"
+PREFERENCE_ACCURACY = "preference/accuracy"
+PREFERENCE_MARGIN = "preference/margin"
+PREFERENCE_CHOSEN_REWARD = "preference/chosen_reward"
+PREFERENCE_REJECTED_REWARD = "preference/rejected_reward"
+PREFERENCE_CHOSEN_LOGPS = "preference/chosen_logps"
+PREFERENCE_REJECTED_LOGPS = "preference/rejected_logps"
+PREFERENCE_PAIRS_PER_STEP = "preference/pairs_per_step"
+PREFERENCE_NLL = "preference/nll"
+PREFERENCE_LOG_ODDS = "preference/log_odds"
+PREFERENCE_ORPO_CLAMPED = "preference/orpo_clamped"
+EVAL_PREFERENCE_LOSS = "eval/preference_loss"
+EVAL_ACCURACY = "eval/accuracy"
+EVAL_MARGIN = "eval/margin"
+EVAL_CHOSEN_LOGPS = "eval/chosen_logps"
+EVAL_REJECTED_LOGPS = "eval/rejected_logps"

@@ -86,6 +86,11 @@ ACCEPTED: dict[tuple[str, str], dict] = {
         "sft": None,
         "grpo": {**SECTIONS["grpo"]["grpo"], "baseline": "rloo", "prompt_order": "shuffled"},
     },
+    ("preference", "*"): {
+        "run": {"algorithm": "preference"},
+        "sft": None,
+        "preference": {"data": "pairs.jsonl", "loss": "ipo", "beta": 0.5, "pairs_per_step": 4},
+    },
 }
 
 # Entry -> (sections that set a value the run would ignore or this version cannot honour, the
@@ -147,7 +152,6 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
 ALGORITHM_RUNS = {
     ("ppo", "*"): run_doc("ppo"),
     ("distill", "*"): run_doc("distill"),
-    ("preference", "*"): run_doc("preference"),
     ("agent", "*"): run_doc("agent_grpo"),
     ("agent.collect_api", "*"): run_doc("agent_grpo"),
     ("agent.scenario_generation", "*"): run_doc("agent_grpo"),
