@@ -267,6 +267,23 @@ def test_the_reference_default_passes_give_the_whole_context_step(chat_model, tm
     assert diff < 1e-2 * moved, (diff, moved)
 
 
+def test_the_three_references_of_an_untrained_adapter_are_one(chat_model, tmp_path):
+    """Without an initial adapter the initial policy, the base with the adapter off and a
+    [reference] section naming the same file score alike: the runs end byte-identical."""
+    outputs = []
+    for name, pref, extra in (
+        ("initial", {}, {}),
+        ("base", {"reference": "base"}, {}),
+        ("model", {}, {"reference": f'model = "{chat_model}"'}),
+    ):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        run = write_run(tmp, chat_model, {"loss": "ipo", "pairs_per_step": 4, **pref}, **extra)
+        assert main(["train", str(run)]) == 0
+        outputs.append((tmp / "out" / "adapter.gguf").read_bytes())
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
 def test_cli_trains_and_a_finished_run_resumes_to_the_same_adapter(chat_model, tmp_path, capsys):
     run = write_run(
         tmp_path,
@@ -371,3 +388,35 @@ def test_a_fanout_every_pair_cannot_meet_is_refused(chat_model, tmp_path, no_mod
     )
     message = _refused(run)
     assert message.startswith("pairs.jsonl:1: its shared-prompt pass takes ")
+
+
+def test_a_multi_turn_answer_scores_only_what_the_model_writes(chat_model, tmp_path):
+    """A chosen answer that calls a tool, reads its result and answers: the call and the final
+    answer are scored, the tool's result is context; the prompt's ids come first, once."""
+    from retrograd.algorithms import context
+    from retrograd.data.pairs import read_pairs, tokenize_pairs
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    record = pair("add 2 and 3", "", "six")
+    record["tools"] = tools
+    record["chosen"] = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "five"},
+    ]
+    write_jsonl(tmp_path / "pairs.jsonl", [record])
+    chat = context.file_chat_format(chat_model)
+    (tp,) = tokenize_pairs(read_pairs(tmp_path / "pairs.jsonl"), chat, 1024)
+    full = chat.encode(
+        [*record["prompt"], *record["chosen"]], tools
+    )  # the whole conversation, as SFT would train it
+    n = len(tp.prompt)
+    assert list(full.ids[:n]) == list(tp.prompt) and not any(full.train_mask[:n])
+    assert list(tp.chosen) == list(full.ids[n : n + len(tp.chosen)])
+    assert list(tp.chosen_mask) == list(full.train_mask[n : n + len(tp.chosen)])
+    assert 0 in tp.chosen_mask and tp.chosen_mask[-1] == 1  # the result is context
+    text = chat.tokenizer.detokenize(
+        [t for t, m in zip(tp.chosen, tp.chosen_mask, strict=True) if m]
+    )
+    assert "five" in text and "add" in text and "5" not in text.replace("five", "")
