@@ -284,7 +284,7 @@ def test_the_three_references_of_an_untrained_adapter_are_one(chat_model, tmp_pa
     assert outputs[0] == outputs[1] == outputs[2]
 
 
-def test_cli_trains_and_a_finished_run_resumes_to_the_same_adapter(chat_model, tmp_path, capsys):
+def test_cli_trains_and_writes_its_checkpoints(chat_model, tmp_path, capsys):
     run = write_run(
         tmp_path,
         chat_model,
