@@ -420,3 +420,29 @@ def test_a_multi_turn_answer_scores_only_what_the_model_writes(chat_model, tmp_p
         [t for t, m in zip(tp.chosen, tp.chosen_mask, strict=True) if m]
     )
     assert "five" in text and "add" in text and "5" not in text.replace("five", "")
+
+
+def test_assistant_turns_inside_the_prompt_are_context(chat_model, tmp_path):
+    """Few-shot turns in the prompt (an assistant answer before the question) are neither a
+    template mismatch nor scored: the answer alone is."""
+    from retrograd.algorithms import context
+    from retrograd.data.pairs import read_pairs, tokenize_pairs
+
+    record = pair("spell cat", "CAT", "cat")
+    record["prompt"] = [
+        {"role": "user", "content": "spell dog"},
+        {"role": "assistant", "content": "DOG"},
+        *record["prompt"],
+    ]
+    write_jsonl(tmp_path / "pairs.jsonl", [record])
+    chat = context.file_chat_format(chat_model)
+    (tp,) = tokenize_pairs(read_pairs(tmp_path / "pairs.jsonl"), chat, 1024)
+    full = chat.encode([*record["prompt"], *record["chosen"]], None)
+    n = len(tp.prompt)
+    assert list(full.ids[:n]) == list(tp.prompt)
+    assert any(full.train_mask[:n])  # SFT would train the example answer; a pair does not
+    assert list(tp.chosen) == list(full.ids[n : n + len(tp.chosen)])
+    assert tp.chosen_mask[-1] == 1  # the end of the turn the model writes
+    written = [t for t, m in zip(tp.chosen, tp.chosen_mask, strict=True) if m]
+    assert "CAT" in chat.tokenizer.detokenize(written)
+    assert "DOG" not in chat.tokenizer.detokenize(list(tp.chosen))

@@ -155,7 +155,8 @@ def _answer(pair: Pair, side: str, chat, prompt: list[int], tools) -> tuple[tupl
     enc = chat.encode(messages, tools)
     ids, mask = list(enc.ids), list(enc.train_mask)
     n = len(prompt)
-    if ids[:n] != prompt or any(mask[:n]):
+    # the prompt's own assistant turns (few-shot examples) are context: only its ids must agree
+    if ids[:n] != prompt:
         at = next((i for i, (a, b) in enumerate(zip(ids, prompt, strict=False)) if a != b), n)
         raise DataError(
             f"{pair.key}: the chat template renders the prompt differently once the {side} "
