@@ -187,6 +187,12 @@ class Sinks:
         if self.metrics is not None:
             self.metrics.step(global_step, epoch, values, tokens=tokens, position=position)
 
+    def note(self, message: str) -> None:
+        """A line on the terminal (and the log) about a long phase outside the steps."""
+        _log.info("%s", message)
+        if self.metrics is not None:
+            self.console.print(message, markup=False, highlight=False)
+
     def warn(self, message: str) -> None:
         """A warning the run goes on after: on stderr's log, and on the terminal."""
         _log.warning("%s", message)

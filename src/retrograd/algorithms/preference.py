@@ -204,13 +204,6 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
         state = persist.restore(found, run, named, optimizer, patience)
         pos = Position.restored(state)
         ref, first = _restored_scores(state.artifacts, p.loss, len(pairs), found[1])
-    # 3. reference scores: once per pair, before the first step
-    if ref is None and NEEDS_REFERENCE[p.loss]:
-        t0 = time.perf_counter()
-        ref = reference_scores(cfg, model, adapters, {"train": pairs, "eval": held or []})
-        log.info("reference scores of %d pairs in %.2f s", len(pairs), time.perf_counter() - t0)
-        if (p.reference or "initial") == "initial" and cfg.reference is None:
-            first = Scores(ref["train"].chosen.copy(), ref["train"].rejected.copy())
     sinks.start(
         cfg,
         model,
@@ -225,6 +218,15 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
     )
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
+    # 3. reference scores: once per pair, before the first step
+    if ref is None and NEEDS_REFERENCE[p.loss]:
+        t0 = time.perf_counter()
+        n = len(pairs) + len(held or [])
+        sinks.note(f"reference scores of {n} pairs (once, before the first step) ...")
+        ref = reference_scores(cfg, model, adapters, {"train": pairs, "eval": held or []})
+        sinks.note(f"reference scores of {n} pairs in {time.perf_counter() - t0:.1f} s")
+        if (p.reference or "initial") == "initial" and cfg.reference is None:
+            first = Scores(ref["train"].chosen.copy(), ref["train"].rejected.copy())
 
     def mark() -> persist.Mark:
         arts = {FIRST: lambda: encode_scores(FIRST, [first])}
