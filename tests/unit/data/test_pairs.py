@@ -61,6 +61,30 @@ def test_the_shipped_example_reads():
     assert f.fingerprint == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
 
 
+def test_the_plurals_example_pairs_the_plural_with_a_wrong_one():
+    """examples/preference/plurals*.jsonl: the prompts of the GRPO example (few-shot turns
+    included), chosen the plural by the reward program's rule, rejected another spelling."""
+    import sys
+
+    rewards = EXAMPLE.parents[1] / "rewards"
+    sys.path.insert(0, str(rewards))
+    try:
+        from plurals import QUESTION, plural
+    finally:
+        sys.path.remove(str(rewards))
+    folder = EXAMPLE.parents[1] / "preference"
+    sizes = []
+    for name in ("plurals.jsonl", "plurals-eval.jsonl"):
+        f = read_pairs(folder / name)
+        sizes.append(len(f))
+        for p in f.pairs:
+            word = QUESTION.search(p.prompt[-1]["content"])[1]
+            assert p.chosen[0]["content"] == plural(word)
+            assert p.rejected[0]["content"] in (word, word + "s")
+            assert p.rejected[0]["content"] != p.chosen[0]["content"]
+    assert sizes == [230, 32]
+
+
 def test_lines_keep_their_numbers_past_blank_lines_and_metadata_is_kept(tmp_path):
     meta = {"source": "hand", "score": [1, 2]}
     second = pair(
