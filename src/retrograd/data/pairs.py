@@ -24,12 +24,11 @@ with the prompt's ids exactly, and a pair longer than [training].ctx is refused,
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrograd.data.sft import jsonl_lines
+from retrograd.data.sft import json_records
 from retrograd.errors import DataError
 from retrograd.tokenizer.records import validate_record
 
@@ -67,11 +66,7 @@ def read_pairs(path: str | Path, where: str = "[preference].data") -> PairFile:
         raise DataError(f"{where} = {path}: no such pair file")
     raw = path.read_bytes()
     pairs = []
-    for place, text in jsonl_lines(path, raw):
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+    for place, record in json_records(path, raw):
         pairs.append(read_pair(record, place, len(pairs)))
     if not pairs:
         raise DataError(f"{where} = {path}: no pair in the file")

@@ -12,11 +12,10 @@ answer in [training].ctx is an error naming its line, never cut.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrograd.data.sft import jsonl_lines
+from retrograd.data.sft import json_records
 from retrograd.errors import DataError
 from retrograd.rollout.records import Prompt
 from retrograd.tokenizer.records import validate_record
@@ -49,11 +48,7 @@ def read_prompts(path: str | Path, where: str = "[grpo].prompts") -> PromptFile:
         raise DataError(f"{where} = {path}: no such prompt file")
     raw = path.read_bytes()
     lines = []
-    for place, text in jsonl_lines(path, raw):
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+    for place, record in json_records(path, raw):
         if not isinstance(record, dict):
             raise DataError(f"{place}: a prompt line must be a JSON object")
         extra = sorted(set(record) - ALLOWED_KEYS)

@@ -136,6 +136,16 @@ def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
     return out
 
 
+def json_records(path: Path, raw: bytes) -> Iterator[tuple[str, object]]:
+    """(place, decoded JSON value) of each non-blank line (jsonl_lines); DataError naming the
+    line that is not valid JSON."""
+    for place, text in jsonl_lines(path, raw):
+        try:
+            yield place, json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
 def jsonl_lines(path: Path, raw: bytes) -> Iterator[tuple[str, str]]:
     """(place "file.jsonl:LINE", text) of each non-blank line of a JSONL file.
 
