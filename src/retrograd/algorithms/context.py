@@ -90,6 +90,24 @@ def preflight_check(model: Model, training, console=None) -> None:
         )
 
 
+def check_rollout_keys(training, algorithm: str) -> None:
+    """[training] values the rollout loops (grpo, on-policy distill) cannot honour yet, refused
+    before anything loads, naming the key (docs/configuration.md, "At run time")."""
+    from retrograd.errors import ConfigError
+
+    if training.is_set("generation_batch"):
+        raise ConfigError(
+            f"[training].generation_batch = {training.generation_batch}: not available in this "
+            f"version ({algorithm} prefills prompts in chunks of 512 tokens); leave it out"
+        )
+    if training.shared_prefix_fanout not in ("auto", "off"):
+        raise ConfigError(
+            f"[training].shared_prefix_fanout = {training.shared_prefix_fanout!r}: not "
+            f"available in this version ({algorithm} packs as many answers of a group as fit "
+            "micro_batch; use auto or off)"
+        )
+
+
 def check_same_tokenizer(model: Model, other: Model, where: str) -> None:
     """A reference or teacher must read and write the same token ids as the trained model."""
     from retrograd.errors import ConfigError

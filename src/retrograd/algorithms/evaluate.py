@@ -67,6 +67,46 @@ def sft_loss(
     return (total / count if count else float("nan")), count
 
 
+@dataclass(frozen=True)
+class TeacherAgreement:
+    """How close a student is to a teacher on a dataset's trained tokens (`retrograd bench`
+    for distill): per-token means over all of them."""
+
+    kl: float  # KL(teacher ‖ student), full vocabulary, nats: what offline distillation lowers
+    reverse_kl: float  # KL(student ‖ teacher): what on-policy distillation lowers
+    top1: float  # share of positions where both models' most likely token is the same
+    nll: float  # the student's NLL of the dataset's tokens (perplexity = e^nll)
+    tokens: int
+
+
+@torch.no_grad()
+def teacher_agreement(
+    student: Decoder, teacher: Decoder, data: SFTDataset, limit: int | None = None, chunk: int = 64
+) -> TeacherAgreement:
+    """Both models over each example, compared at its trained positions with full-vocabulary
+    distributions, `chunk` positions at a time (Gemma's 262k logits are 1 MiB a position)."""
+    from retrograd.losses.distill import full_kl
+
+    sums = torch.zeros(4, dtype=torch.float64)
+    count = 0
+    for ex in data.examples[:limit]:
+        ids = torch.tensor([ex.ids], dtype=torch.long, device=student.device)
+        keep = torch.tensor(ex.mask[1:], dtype=torch.bool, device=student.device)
+        hs = student(ids)[0, :-1][keep]
+        ht = teacher(ids.to(teacher.device))[0, :-1][keep.to(teacher.device)]
+        targets = ids[0, 1:][keep]
+        for s in range(0, hs.shape[0], chunk):
+            ls = student.head(hs[s : s + chunk])
+            lt = teacher.head(ht[s : s + chunk]).to(ls.device)
+            forward, reverse = full_kl(ls, lt)
+            nll = torch.nn.functional.cross_entropy(ls, targets[s : s + chunk], reduction="sum")
+            same = (ls.argmax(-1) == lt.argmax(-1)).sum()
+            sums += torch.stack([forward.sum(), reverse.sum(), same.float(), nll]).double().cpu()
+        count += int(keep.sum())
+    n = max(count, 1)
+    return TeacherAgreement(*(float(v) / n for v in sums), count)
+
+
 def epoch_evaluation_due(cfg, epoch: int) -> bool:
     """Whether [evaluation] runs after `epoch` (counted from 0): every every_iterations
     epochs, and after the last one (SFT and preference runs)."""

@@ -38,16 +38,16 @@ from retrograd.algorithms.evaluate import Patience
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.data.sft import permutation
 from retrograd.errors import ConfigError, JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
-from retrograd.model.logprobs import sequence_logprobs, shared_prefix_logprobs
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.rewards.judge import command_judge, judge_request
 from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.sample import PromptStream, sample_groups
 from retrograd.rollout.shaping import (
     KlController,
     apply_overlong_penalty,
@@ -55,8 +55,8 @@ from retrograd.rollout.shaping import (
     zero_signal,
 )
 from retrograd.sampling import Sampler
-from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
-from retrograd.seeds import SAMPLE, derive_seed
+from retrograd.sampling.params import SampleRequest, SamplingParams
+from retrograd.seeds import derive_seed
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
@@ -113,18 +113,6 @@ class GRPOResult:
     best_eval: float | None = None
 
 
-class PromptStream:
-    """Prompts in the run's order: sequential, or a fresh permutation per pass (shuffled)."""
-
-    def __init__(self, prompts: list[Prompt], order: str, seed: int):
-        self.prompts, self.shuffled, self.seed = prompts, order == "shuffled", seed
-
-    def at(self, cursor: int) -> Prompt:
-        n = len(self.prompts)
-        cycle, j = divmod(cursor, n)
-        return self.prompts[permutation(n, self.seed, cycle)[j] if self.shuffled else j]
-
-
 def total_steps(cfg) -> int:
     return cfg.grpo.updates * cfg.grpo.grpo_epochs
 
@@ -138,17 +126,7 @@ def check_available(cfg) -> None:
             f'[grpo.judge].type = "{g.judge.type}": not available in this version (the LLM '
             'judge comes later; use type = "command" with a judge program)'
         )
-    if t.is_set("generation_batch"):
-        raise ConfigError(
-            f"[training].generation_batch = {t.generation_batch}: not available in this "
-            "version (grpo prefills prompts in chunks of 512 tokens); leave it out"
-        )
-    if t.shared_prefix_fanout not in ("auto", "off"):
-        raise ConfigError(
-            f"[training].shared_prefix_fanout = {t.shared_prefix_fanout!r}: not available in "
-            "this version (grpo packs as many answers of a group as fit micro_batch; use auto "
-            "or off)"
-        )
+    context.check_rollout_keys(t, "grpo")
 
 
 def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
@@ -245,7 +223,9 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             if trained:
                 t1 = time.perf_counter()
                 if coef > 0:
-                    _reference_logprobs(reference, model.decoder, trained, training)
+                    refs = frozen_logprobs(reference, model.decoder, trained, training)
+                    for r, lp in zip(trained, refs, strict=True):
+                        r.ref_logprobs = lp
                 values[names.SCORING_SECONDS] = time.perf_counter() - t1
                 t1 = time.perf_counter()
                 for _ in range(g.grpo_epochs):
@@ -335,10 +315,22 @@ def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor
     timing = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0, names.JUDGE_SECONDS: 0.0}
     while True:
         n = min(want - len(kept), budget - drawn) if g.dynamic_sampling else want
-        batch = [(cursor + i, stream.at(cursor + i)) for i in range(n)]
+        batch = stream.draw(cursor, n)
         cursor, drawn = cursor + n, drawn + n
         t0 = time.perf_counter()
-        groups = _sample(cfg, sampler, batch, update, len(kept) + len(dropped))
+        # the reference's default concurrency: min(answers of an update, the optimizer window,
+        # 256), the window being ctx for rollouts (gradient_accumulation = ctx / micro_batch)
+        t = cfg.training
+        concurrency = t.generation_concurrency or min(want * g.group_size, t.ctx, 256)
+        groups = sample_groups(
+            sampler,
+            batch,
+            update,
+            len(kept) + len(dropped),
+            size=g.group_size,
+            sampling=g.sampling,
+            concurrency=concurrency,
+        )
         t1 = time.perf_counter()
         judging = _reward(cfg, program, judge, groups)
         timing[names.GENERATION_SECONDS] += t1 - t0
@@ -351,54 +343,6 @@ def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor
         if len(kept) >= want or drawn >= budget:
             # what was not replaced stays in the update (and skips for want of signal)
             return kept + dropped[: max(0, want - len(kept))], cursor, timing
-
-
-def _sample(cfg, sampler, batch, update: int, first_group: int) -> list[Group]:
-    """A group of answers per (cursor, prompt), sampled in waves of at most
-    generation_concurrency answers (whole groups; a group's prompt is prefilled once)."""
-    g, t = cfg.grpo, cfg.training
-    size = g.group_size
-    params = SamplingParams(
-        temperature=g.sampling.temperature,
-        top_p=g.sampling.top_p,
-        max_new_tokens=g.sampling.max_new_tokens,
-    )
-    # the reference's default: min(answers of an update, the optimizer window, 256), the
-    # window being ctx for rollouts (gradient_accumulation pinned to ctx / micro_batch)
-    concurrency = t.generation_concurrency or min(g.prompts_per_update * size, t.ctx, 256)
-    per_wave = max(1, concurrency // size)
-    groups = []
-    for w in range(0, len(batch), per_wave):
-        wave = batch[w : w + per_wave]
-        requests = [
-            SampleRequest(
-                p.ids,
-                params,
-                n=size,
-                seeds=tuple(
-                    derive_seed(g.sampling.seed, SAMPLE, update, c, j) for j in range(size)
-                ),
-            )
-            for c, p in wave
-        ]
-        for (c, p), answers in zip(wave, sampler.generate(requests), strict=True):
-            index = first_group + len(groups)
-            members = [
-                Rollout(
-                    p,
-                    update,
-                    index,
-                    j,
-                    derive_seed(g.sampling.seed, SAMPLE, update, c, j),
-                    a.ids,
-                    a.text,
-                    a.finish_reason == FINISH_LENGTH,
-                    np.asarray(a.logprobs, dtype=np.float32),
-                )
-                for j, a in enumerate(answers)
-            ]
-            groups.append(Group(p, update, index, members))
-    return groups
 
 
 def _reward(cfg, program, judge, groups: list[Group]) -> float:
@@ -460,97 +404,6 @@ def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:
 # -- scoring and the update ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """Answers scored in one forward: as rows (prompt + answer each), or, with
-    shared_prefix_fanout, answers of one group after one pass over their shared prompt."""
-
-    members: tuple[int, ...]  # indices into the update's trained answers
-    shared: bool
-
-
-def _pieces(trained: list[Rollout], budget: int, fanout: bool) -> list[_Piece]:
-    """The update's forward passes: whole answers, at most `budget` tokens each (padded rows
-    x width, or prompt + answers x width when fanned out), at least one answer a pass. With
-    fan-out, a group's answers share passes where two or more fit; the rest go as rows."""
-    out: list[_Piece] = []
-    rows: list[int] = []
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, r in enumerate(trained):
-        groups.setdefault((r.update, r.group), []).append(i)
-    for members in groups.values():
-        if not fanout:
-            rows += members
-            continue
-        prompt, cur = len(trained[members[0]].prompt.ids), []
-        for i in [*members, None]:  # None: the end of the group
-            width = max([trained[j].n_tokens for j in cur if i is not None] + [0])
-            if i is not None:
-                width = max(width, trained[i].n_tokens)
-            if i is None or (cur and prompt + width * (len(cur) + 1) > budget):
-                if len(cur) > 1:
-                    out.append(_Piece(tuple(cur), True))
-                else:
-                    rows += cur
-                cur = []
-            if i is not None:
-                cur.append(i)
-    rows.sort()
-    for idx in _passes([trained[i] for i in rows], budget):
-        out.append(_Piece(tuple(rows[i] for i in idx), False))
-    return out
-
-
-def _passes(trained: list[Rollout], budget: int) -> list[list[int]]:
-    """Indices of the answers of each pass of rows: padded length x rows at most `budget`
-    tokens (at least one answer a pass)."""
-    out, cur, width = [], [], 0
-    for i, r in enumerate(trained):
-        n = len(r.prompt.ids) + len(r.ids)
-        if cur and max(width, n) * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, width = [], 0
-        cur.append(i)
-        width = max(width, n)
-    return out + ([cur] if cur else [])
-
-
-def _score(decoder, trained: list[Rollout], piece: _Piece, training) -> list[torch.Tensor]:
-    """Per-token log-probabilities of the piece's answers (differentiable under grad)."""
-    opts = {
-        "chunked": training.chunked_cross_entropy,
-        "tiles": training.chunked_ce_tiles,
-        "seq_chunk": training.chunked_ce_seq_chunk,
-    }
-    answers = [trained[i] for i in piece.members]
-    if piece.shared:
-        prompt = list(answers[0].prompt.ids)
-        return shared_prefix_logprobs(decoder, prompt, [list(r.ids) for r in answers], **opts)
-    rows = [(list(r.prompt.ids) + list(r.ids), len(r.prompt.ids)) for r in answers]
-    return sequence_logprobs(decoder, rows, **opts)
-
-
-def _fanout(training) -> bool:
-    return training.shared_prefix_fanout != "off"
-
-
-@torch.no_grad()
-def _reference_logprobs(reference, decoder, trained: list[Rollout], training) -> None:
-    """Log-probabilities of the answers under the reference (for the KL term)."""
-    for piece in _pieces(trained, training.micro_batch, _fanout(training)):
-        with reference() as ref_decoder:
-            lps = _score(ref_decoder or decoder, trained, piece, training)
-        for i, lp in zip(piece.members, lps, strict=True):
-            trained[i].ref_logprobs = lp.numpy().astype(np.float32)
-
-
-def _padded(values: list[np.ndarray], width: int) -> torch.Tensor:
-    out = torch.zeros(len(values), width)
-    for i, v in enumerate(values):
-        out[i, : len(v)] = torch.from_numpy(np.asarray(v, dtype=np.float32))
-    return out
-
-
 def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, float]:
     """One pass over the update's answers: forward, loss and backward per pass of answers,
     gradients summed (the loss is normalised by the whole update's trained tokens). The
@@ -559,8 +412,8 @@ def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, fl
     total_tokens = float(sum(r.n_tokens for r in trained))
     by_answer = g.importance_sampling_level == "sequence"
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0, "gap": 0.0}
-    for piece in _pieces(trained, training.micro_batch, _fanout(training)):
-        lps = _score(decoder, trained, piece, training)
+    for piece in pieces(trained, training.micro_batch, fanout(training)):
+        lps = score(decoder, trained, piece, training)
         batch = [trained[i] for i in piece.members]
         for r, lp in zip(batch, lps, strict=True):
             if r.old_logprobs is None:
@@ -568,9 +421,9 @@ def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, fl
                 sums["gap"] += float(np.abs(r.old_logprobs - r.sampler_logprobs).sum())
         width = max(len(lp) for lp in lps)
         logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)
-        mask = _padded([np.ones(len(lp), np.float32) for lp in lps], width)
-        old = _padded([r.old_logprobs for r in batch], width)
-        ref = _padded([r.ref_logprobs for r in batch], width) if kl_coef > 0 else None
+        mask = padded([np.ones(len(lp), np.float32) for lp in lps], width)
+        old = padded([r.old_logprobs for r in batch], width)
+        ref = padded([r.ref_logprobs for r in batch], width) if kl_coef > 0 else None
         adv = torch.tensor([r.advantage for r in batch], dtype=torch.float32)
         out = policy_loss(
             logp,

@@ -128,6 +128,14 @@ def _inside(path: Path, folder: Path) -> bool:
     return p != f and p.startswith(f.rstrip(os.sep) + os.sep)
 
 
+def check_writable(key: str, path: str | Path) -> None:
+    """One output outside a run file (a command's --out): not a folder, its folder writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{key} {path}: a folder; name a file")
+    _check_writable(key, path, path.parent)
+
+
 def _check_writable(key: str, path: Path, folder: Path) -> None:
     """Create `folder` if needed and a file in it, as the run will, then remove what was made:
     a run refused later (bad data) leaves no empty folders behind."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
+    PassLoss,
     backward_group,
     checked_step,
     groups_of,
@@ -99,46 +101,69 @@ def load_data(cfg, model) -> tuple[SFTDataset, SFTDataset | None]:
     return sets[0], (sets[1] if len(sets) > 1 else None)
 
 
-def total_steps(data: SFTDataset, training) -> int:
+def total_steps(data: SFTDataset, training, epochs: int | None = None) -> int:
     """Optimizer steps of the run: groups with a trained token only (step.groups_of)."""
     per_epoch = sum(
         len(groups_of(e, training.micro_batch, training.gradient_accumulation))
         for e in data.examples
     )
-    return per_epoch * training.epochs
+    return per_epoch * (training.epochs if epochs is None else epochs)
 
 
-def order_of(data: SFTDataset, cfg, epoch: int) -> np.ndarray:
+def order_of(data: SFTDataset, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     n = len(data.examples)
-    return permutation(n, cfg.lora.seed, epoch) if cfg.sft.shuffle else np.arange(n)
+    return permutation(n, seed, epoch) if shuffle else np.arange(n)
+
+
+@dataclass
+class Corpus:
+    """What `fit` trains on and how: SFT's file, or offline distillation's corpus with its
+    teacher's predictions (algorithms/distill_offline.py), which runs the same steps."""
+
+    train: SFTDataset
+    held: SFTDataset | None
+    epochs: int
+    shuffle: bool
+    fingerprints: dict  # what resume checks: the data files' fingerprints
+    settings: dict  # the algorithm's keys that change a step
+    pass_loss: Callable[[int], PassLoss | None] = lambda example: None  # None: the NLL
 
 
 def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
-    started = time.perf_counter()
-    training = cfg.training
     # 1. build: what the run writes is checked before anything loads
-    check_mode(training.trainable)
+    check_mode(cfg.training.trainable)
     outputs.check_outputs(cfg, run_file)
     model = context.load_model(cfg)
-    context.preflight_check(model, training, getattr(sinks, "console", None))
-    context.apply_memory_knobs(model, training)
     t0 = time.perf_counter()
     train, held = load_data(cfg, model)
     log.info("data loaded in %.2f s: %s", time.perf_counter() - t0, train.describe())
+    corpus = Corpus(
+        train,
+        held,
+        cfg.training.epochs,
+        cfg.sft.shuffle,
+        {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None},
+        {"shuffle": cfg.sft.shuffle, "template_variables": dict(cfg.sft.template_variables)},
+    )
+    return fit(cfg, model, corpus, resume=resume, sinks=sinks, run_file=run_file)
+
+
+def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+    """The SFT loop over `corpus` with the loaded model: plan, resume, steps, evaluation,
+    checkpoints, export."""
+    started = time.perf_counter()
+    training = cfg.training
+    train, held = corpus.train, corpus.held
+    context.preflight_check(model, training, getattr(sinks, "console", None))
+    context.apply_memory_knobs(model, training)
     init = cfg.lora.init_adapter if cfg.lora else None
     plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
     named = trained_parameters(adapters)
     params = [p for _, p in named]
     optimizer = build_optimizer(params, training, cfg.optimizer)
     rate = base_lr(training, cfg.optimizer)
-    steps = total_steps(train, training)
-    run = persist.RunIdentity.of(
-        cfg,
-        model.config.name,
-        {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None},
-        plan,
-        {"shuffle": cfg.sft.shuffle, "template_variables": dict(cfg.sft.template_variables)},
-    )
+    steps = total_steps(train, training, corpus.epochs)
+    run = persist.RunIdentity.of(cfg, model.config.name, corpus.fingerprints, plan, corpus.settings)
     sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
@@ -158,7 +183,7 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
         steps,
         data=(train.path, train.describe()),
         held=(held.path, held.describe()) if held is not None else None,
-        iterations=training.epochs,
+        iterations=corpus.epochs,
         initial_step=pos.global_step,
     )
     if found is not None:
@@ -170,8 +195,8 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
     )
     kv = context.kv_dtype(model, training)
     result = SFTResult(Path(cfg.output.path), pos.global_step, pos.epoch, None, False, 0.0, 0)
-    for epoch in range(pos.epoch, training.epochs):
-        order = order_of(train, cfg, epoch)
+    for epoch in range(pos.epoch, corpus.epochs):
+        order = order_of(train, cfg.lora.seed, epoch, corpus.shuffle)
         start_index = pos.index if epoch == pos.epoch else 0
         for i in range(start_index, len(order)):
             example = train.examples[order[i]]
@@ -183,7 +208,9 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
                 cache = new_cache(model.decoder, example, kv)
             for g in range(first, len(groups)):
                 t0 = time.perf_counter()
-                loss = backward_group(model.decoder, example, groups[g], cache, opts)
+                loss = backward_group(
+                    model.decoder, example, groups[g], cache, opts, corpus.pass_loss(order[i])
+                )
                 lr = lr_at(
                     pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                 )

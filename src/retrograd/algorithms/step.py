@@ -13,6 +13,7 @@ steps of one window resumes exactly. Knows the decoder and the loss, not optimiz
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -77,12 +78,27 @@ def _ids(decoder: Decoder, example: Example, s: int, e: int) -> torch.Tensor:
     return torch.tensor([example.ids[s:e]], dtype=torch.long, device=decoder.device)
 
 
+# (decoder, hidden states of the pass's trained positions (n, n_embd), their positions in the
+# example (n,), their targets (n,)) -> the summed loss of those positions: SFT's NLL by default,
+# offline distillation's top-k KL (algorithms/distill_offline.py)
+PassLoss = Callable[[Decoder, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def run_pass(
-    decoder: Decoder, example: Example, s: int, e: int, cache: KVCache, opts: LossOptions
+    decoder: Decoder,
+    example: Example,
+    s: int,
+    e: int,
+    cache: KVCache,
+    opts: LossOptions,
+    pass_loss: PassLoss | None = None,
 ) -> torch.Tensor:
-    """Forward pass [s, e) into the cache; the summed NLL of its trained targets."""
+    """Forward pass [s, e) into the cache; the summed loss of its trained targets (NLL unless
+    `pass_loss` says otherwise)."""
     h = decoder(_ids(decoder, example, s, e), start=s, cache=cache)[0]  # (T, n_embd)
     offsets, targets = scored(example, s, e, decoder.device)
+    if pass_loss is not None:
+        return pass_loss(decoder, h[offsets], offsets + s, targets)
     return token_nll_sum(
         decoder,
         h[offsets],
@@ -98,17 +114,23 @@ def new_cache(decoder: Decoder, example: Example, dtype: torch.dtype) -> KVCache
 
 
 def backward_group(
-    decoder: Decoder, example: Example, group: Group, cache: KVCache, opts: LossOptions
+    decoder: Decoder,
+    example: Example,
+    group: Group,
+    cache: KVCache,
+    opts: LossOptions,
+    pass_loss: PassLoss | None = None,
 ) -> float:
-    """Forward and backward over the group's passes; returns the group's mean NLL.
-    Passes without a trained token only fill the cache (no gradient)."""
+    """Forward and backward over the group's passes; returns the group's mean loss per trained
+    token (NLL, or `pass_loss`'s). Passes without a trained token only fill the cache (no
+    gradient)."""
     total = 0.0
     for s, e in group.passes:
         if _n_scored(example, s, e) == 0:
             with torch.no_grad():
                 decoder(_ids(decoder, example, s, e), start=s, cache=cache)
             continue
-        nll = run_pass(decoder, example, s, e, cache, opts)
+        nll = run_pass(decoder, example, s, e, cache, opts, pass_loss)
         (nll / group.n_targets).backward()
         total += float(nll.detach())
     return total / group.n_targets

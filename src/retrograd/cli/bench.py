@@ -52,22 +52,27 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
 
     cfg = load_run(args.config, model=args.model, device=args.device)
-    if cfg.run.algorithm not in ("sft", "grpo"):
+    if cfg.run.algorithm not in ("sft", "grpo", "distill"):
         raise ConfigError(
             f"{args.config}: bench for [run].algorithm = {cfg.run.algorithm!r} "
-            "is not available in this version (sft and grpo are)"
+            "is not available in this version (sft, grpo and distill are)"
         )
     data = args.data or (str(cfg.evaluation.data) if cfg.evaluation else None)
+    if data is None and cfg.run.algorithm == "distill" and cfg.distill.mode == "topk_offline":
+        data = str(cfg.distill.data)  # offline runs have no [evaluation]: the corpus itself
     if data is None:
         raise ConfigError(f"{args.config}: no data to bench: pass --data or set [evaluation].data")
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit}: must be at least 1")
     if args.ctx is not None and args.ctx < 2:
         raise ConfigError(f"--ctx {args.ctx}: must be at least 2")
-    if cfg.run.algorithm == "grpo":
+    if cfg.run.algorithm in ("grpo", "distill"):
         if args.format not in (None, "auto", "jsonl"):
-            raise ConfigError(f"--format {args.format}: grpo prompts are chat JSONL")
+            raise ConfigError(f"--format {args.format}: {cfg.run.algorithm} data is chat JSONL")
+    if cfg.run.algorithm == "grpo":
         return bench_rewards(cfg, data, args)
+    if cfg.run.algorithm == "distill":
+        return bench_distill(cfg, data, args)
     return bench_sft(cfg, data, args)
 
 
@@ -139,6 +144,120 @@ def bench_rewards(cfg, data: str, args) -> int:
             )
     con.print(table)
     return 0
+
+
+def bench_distill(cfg, data: str, args) -> int:
+    """KL to the teacher, top-1 agreement and perplexity on the data's assistant tokens, for
+    the base model, the adapter and the teacher itself. A file of prompts (last turn a user
+    message: an on-policy run's [evaluation].data) is answered by the teacher first, sampled
+    as [distill.sampling] says with seeds fixed per line, and the models compared on those
+    answers."""
+    import retrograd
+    from retrograd.algorithms import context
+    from retrograd.algorithms.evaluate import perplexity, teacher_agreement
+    from retrograd.trainable.lora import apply_adapter_file
+
+    con = Console()
+    ctx = args.ctx or cfg.training.ctx
+    model = load_float32(cfg)
+    con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
+    teacher = retrograd.load(
+        cfg.distill.teacher_path,
+        device=cfg.model.device,
+        dtype=model.dtype,
+        threads=cfg.training.threads,
+    )
+    context.check_same_tokenizer(model, teacher, "[distill].teacher_path")
+    con.print(f"teacher: {teacher.gguf.path.name}")
+    chat = context.chat_format(model)
+    ds = _distill_data(cfg, data, args, chat, teacher, ctx)
+    n = min(len(ds.examples), args.limit or len(ds.examples))
+    con.print(f"data: {ds.describe()}; scoring {n}")
+    table = Table(
+        title="distill bench (assistant tokens, float32): KL = KL(teacher ‖ model), reverse = "
+        "KL(model ‖ teacher), nats per token; top-1 = the two most likely tokens agree",
+        title_justify="left",
+    )
+    cols = ("model", "KL", "reverse", "top-1", "perplexity")
+    for col in (*cols, "tokens", "seconds"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    adapters = apply_adapter_file(model.decoder, args.adapter) if args.adapter else {}
+    rows = [("base", False)] + ([(args.adapter, True)] if args.adapter else [])
+    for label, enabled in rows:
+        for lo in adapters.values():
+            lo.enabled = enabled
+        t = time.perf_counter()
+        a = teacher_agreement(model.decoder, teacher.decoder, ds, n)
+        _add_agreement(table, Path(label).name, a, perplexity, time.perf_counter() - t)
+    t = time.perf_counter()
+    a = teacher_agreement(teacher.decoder, teacher.decoder, ds, n)
+    _add_agreement(table, "teacher", a, perplexity, time.perf_counter() - t)
+    con.print(table)
+    return 0
+
+
+def _add_agreement(table, label: str, a, perplexity, seconds: float) -> None:
+    if not all(math.isfinite(v) for v in (a.kl, a.reverse_kl, a.nll)):
+        raise RetrogradError(
+            f"{label}: a non-finite score (KL {a.kl}, NLL {a.nll}); bench reports no number "
+            "(does the model or adapter hold a non-finite weight?)"
+        )
+    table.add_row(
+        label,
+        f"{a.kl:.4f}",
+        f"{a.reverse_kl:.4f}",
+        f"{a.top1:.1%}",
+        f"{perplexity(a.nll):.2f}",
+        str(a.tokens),
+        f"{seconds:.1f}",
+    )
+
+
+def _distill_data(cfg, data: str, args, chat, teacher, ctx: int):
+    """The examples to compare on: the chat file as SFT reads it, or, for a file of prompts,
+    each prompt with the teacher's sampled answer."""
+    import json
+
+    from retrograd.algorithms.distill import EVALUATE
+    from retrograd.data.prompts import read_prompts, render_prompts
+    from retrograd.data.sft import Example, SFTDataset, load_sft_data
+    from retrograd.errors import DataError
+    from retrograd.sampling import Sampler
+    from retrograd.sampling.params import SampleRequest, SamplingParams
+    from retrograd.seeds import derive_seed
+
+    path = Path(data)
+    try:
+        first = next(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        messages = json.loads(first).get("messages") or [{}]
+        prompts_only = messages[-1].get("role") != "assistant"
+    except (OSError, StopIteration, ValueError, AttributeError, TypeError):
+        prompts_only = False  # load_sft_data says what is wrong
+    if not prompts_only:
+        return load_sft_data(path, chat.tokenizer, ctx, "jsonl", chat)
+    where = "--data" if args.data else "[evaluation].data"
+    lines = read_prompts(path, where)
+    prompts = render_prompts(lines, chat, ctx)[: args.limit]
+    if cfg.distill.mode == "on_policy":
+        s = cfg.distill.sampling
+        params, seed = SamplingParams(s.temperature, s.top_p, s.max_new_tokens), s.seed
+    else:
+        params, seed = SamplingParams(1.0, 1.0, 128), 0
+    sampler = Sampler(teacher.decoder, teacher.tokenizer, fast=False, max_len=ctx)
+    requests = [
+        SampleRequest(p.ids, params, seeds=(derive_seed(seed, EVALUATE, 0, i),))
+        for i, p in enumerate(prompts)
+    ]
+    examples = []
+    for p, [a] in zip(prompts, sampler.generate(requests), strict=True):
+        ids = tuple(p.ids) + tuple(a.ids)
+        if a.ids:
+            mask = (0,) * len(p.ids) + (1,) * len(a.ids)
+            examples.append(Example(ids[:ctx], mask[:ctx], p.key))
+    if not examples:
+        raise DataError(f"{where} = {path}: the teacher answered no prompt with a token")
+    digest = lines.fingerprint
+    return SFTDataset(path, "jsonl", tuple(examples), digest, len(prompts), 0, 0)
 
 
 def load_float32(cfg):

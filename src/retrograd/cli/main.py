@@ -14,10 +14,17 @@ from retrograd.errors import RetrogradError
 
 # name -> (module, one-line help). Modules import torch only inside run().
 COMMANDS = {
-    "train": ("retrograd.cli.train", "train as a run file describes (sft, grpo)"),
+    "train": (
+        "retrograd.cli.train",
+        "train as a run file describes (sft, grpo, preference, distill)",
+    ),
     "bench": (
         "retrograd.cli.bench",
         "measure the base model and an adapter: loss (sft) or rewards (grpo)",
+    ),
+    "distill-teacher": (
+        "retrograd.cli.distill_teacher",
+        "write a teacher's top-k predictions for offline distillation",
     ),
     "profile": (
         "retrograd.cli.profile",

@@ -37,8 +37,14 @@ def _preference():
     return run_preference
 
 
+def _distill():
+    from retrograd.algorithms.distill import run_distill
+
+    return run_distill
+
+
 # [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
-LOOPS = {"sft": _sft, "grpo": _grpo, "preference": _preference}
+LOOPS = {"sft": _sft, "grpo": _grpo, "preference": _preference, "distill": _distill}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -48,19 +48,20 @@ YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
 _LATER_ALGORITHM = {
     name: _entry(LATER, f"with {name}: `train` refuses {name} until its loop lands")
-    for name in ("ppo", "distill", "agent")
+    for name in ("ppo", "agent")
 }
 _LATER_ALGORITHM["agent"] = _entry(
     LATER, "with agent_grpo: `train` refuses agent_grpo until its loop lands"
 )
-_ROLLOUTS_ONLY = "refused for sft; {} read it, refused by `train` until they land"
 _GRPO_TOO = "refused for sft; honoured by grpo; {} read it, refused by `train` until they land"
+_ROLLOUTS = "refused for sft; honoured by grpo and on-policy distill; {} read it, refused by `train` until they land"
 
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
     ("run", "algorithm"): _entry(
         HONOURED,
-        "sft, grpo and preference train; `train` refuses the others until their loops land",
+        "sft, grpo, preference and distill train; `train` refuses ppo and agent_grpo until "
+        "their loops land",
     ),
     ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
     ("model", "path"): YES,
@@ -113,25 +114,24 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "threads"): _entry(
         HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"
     ),
-    ("training", "generation_concurrency"): _entry(
-        NOT_READ, _GRPO_TOO.format("agent_grpo and distill")
-    ),
+    ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS.format("agent_grpo")),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; with grpo `train` refuses it (not available in this version: "
-        "prompts prefill in chunks of 512 tokens); agent_grpo and distill read it, refused by "
-        "`train` until they land",
+        "refused for sft; with grpo and on-policy distill `train` refuses it (not available in "
+        "this version: prompts prefill in chunks of 512 tokens); agent_grpo reads it, refused "
+        "by `train` until it lands",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,
-        "refused for sft; grpo honours auto (a group's answers scored after one pass over "
-        "their prompt, as many as fit micro_batch) and off, and `train` refuses max and "
-        "numbers (not available in this version); preference honours auto, off, max and 2 "
+        "refused for sft; grpo and on-policy distill honour auto (a group's answers scored "
+        "after one pass over their prompt, as many as fit micro_batch) and off, and `train` "
+        "refuses max and numbers (not available in this version); preference honours auto, "
+        "off, max and 2 "
         "(a pair's two answers after one prompt pass; more than 2 refused); agent_grpo reads "
         "it, refused by `train` until it lands",
     ),
     ("training", "fast_sampling_context"): _entry(
-        ELSEWHERE, "read by grpo, chat and serve; an sft run samples nothing"
+        ELSEWHERE, "read by grpo, on-policy distill, chat and serve; an sft run samples nothing"
     ),
     ("training", "kv_dtype"): _entry(
         HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
@@ -166,9 +166,7 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("evaluation", "data"): YES,
     ("evaluation", "every_iterations"): YES,
-    ("evaluation", "max_examples"): _entry(
-        NOT_READ, _GRPO_TOO.format("ppo, agent_grpo and on-policy distill")
-    ),
+    ("evaluation", "max_examples"): _entry(NOT_READ, _ROLLOUTS.format("ppo and agent_grpo")),
     ("evaluation", "patience"): YES,
     ("evaluation", "min_delta"): YES,
     ("checkpoint", "*"): YES,
@@ -176,8 +174,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo and agent_grpo")),
     ("reference", "*"): _entry(
         NOT_READ,
-        "refused for sft; honoured by grpo (KL penalty) and by preference (dpo and ipo); "
-        "agent_grpo and distill read it, refused by `train` until they land",
+        "refused for sft; honoured by grpo and on-policy distill (KL penalty) and by "
+        "preference (dpo and ipo); agent_grpo reads it, refused by `train` until it lands",
     ),
     ("sft", "*"): YES,
     ("grpo", "*"): _entry(
@@ -186,6 +184,7 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         'this version: use type = "command")',
     ),
     ("preference", "*"): _entry(HONOURED, "honoured by preference"),
+    ("distill", "*"): _entry(HONOURED, "honoured by distill (both modes)"),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
         LATER,

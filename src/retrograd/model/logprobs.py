@@ -255,3 +255,50 @@ def shared_prefix_logprobs(
         head_dtype=head_dtype,
     )
     return list(lp.split([len(a) for a in answers]))
+
+
+def ids_logprobs(
+    decoder: Decoder, h: torch.Tensor, ids: torch.Tensor, *, seq_chunk: int = 64
+) -> torch.Tensor:
+    """h (N, n_embd) hidden states, ids (N, k) token ids -> (N, k) float32 log-probabilities
+    of those ids at each position, normalised over the whole vocabulary; differentiable
+    through h (and a trainable head). At most `seq_chunk` positions' logits live at once: under
+    grad each chunk is recomputed in backward instead of stored (offline top-k distillation)."""
+    step = seq_chunk if seq_chunk > 0 else max(h.shape[0], 1)
+    grad = torch.is_grad_enabled() and (h.requires_grad or _frozen_head(decoder) is None)
+    parts = []
+    for s in range(0, h.shape[0], step):
+        hc, ic = h[s : s + step], ids[s : s + step]
+        if grad:
+            parts.append(checkpoint(_ids_logprobs, decoder, hc, ic, use_reentrant=False))
+        else:
+            parts.append(_ids_logprobs(decoder, hc, ic))
+    if not parts:
+        return h.new_zeros((0, ids.shape[1]), dtype=torch.float32)
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _ids_logprobs(decoder: Decoder, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    logits = decoder.head(h)  # (n, V) float32
+    return logits.gather(1, ids) - torch.logsumexp(logits, -1, keepdim=True)
+
+
+@torch.no_grad()
+def topk_logprobs(
+    decoder: Decoder, h: torch.Tensor, k: int, *, seq_chunk: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h (N, n_embd) -> the k most likely next tokens at each position: ids (N, k) int64 and
+    their log-probabilities (N, k) float32, most likely first."""
+    ids, lps = [], []
+    step = seq_chunk if seq_chunk > 0 else max(h.shape[0], 1)
+    for s in range(0, h.shape[0], step):
+        logp = torch.log_softmax(decoder.head(h[s : s + step]), -1)
+        v, i = torch.topk(logp, k, dim=-1, sorted=True)
+        ids.append(i)
+        lps.append(v)
+    if not ids:
+        return (
+            torch.zeros(0, k, dtype=torch.long, device=h.device),
+            torch.zeros(0, k, device=h.device),
+        )
+    return torch.cat(ids), torch.cat(lps)

@@ -71,3 +71,14 @@ EVAL_ACCURACY = "eval/accuracy"
 EVAL_MARGIN = "eval/margin"
 EVAL_CHOSEN_LOGPS = "eval/chosen_logps"
 EVAL_REJECTED_LOGPS = "eval/rejected_logps"
+
+# On-policy distillation (formats.md §7.2). teacher_kl_mean: the mean over the update's trained
+# tokens of k = log π_student − log p_teacher at the sampled token (the sampled-token estimate
+# of KL(student ‖ teacher), nats per token); teacher_kl_p95: the 95th percentile over answers of
+# an answer's mean k; advantage_clipped_fraction: share of trained tokens whose |k| exceeded
+# weight_clip. Also the policy/* values of the update, completions/*, and eval/teacher_kl: the
+# mean k of one answer per held-out prompt (lower is better).
+DISTILL_TEACHER_KL_MEAN = "distill/teacher_kl_mean"
+DISTILL_TEACHER_KL_P95 = "distill/teacher_kl_p95"
+DISTILL_ADVANTAGE_CLIPPED = "distill/advantage_clipped_fraction"
+EVAL_TEACHER_KL = "eval/teacher_kl"

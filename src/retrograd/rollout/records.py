@@ -1,4 +1,4 @@
-"""The records of a rollout algorithm (GRPO now; PPO, distillation and agentic GRPO later).
+"""The records of a rollout algorithm (GRPO, on-policy distillation; PPO and agentic GRPO later).
 
 One `Rollout` per sampled answer carries everything the loop computes about it, in the order
 the loop computes it: the sampled ids and the sampler's log-probabilities, the reward parts,
@@ -45,6 +45,8 @@ class Rollout:
     sampler_logprobs: np.ndarray  # (len(ids),) float32: what the sampler computed
     old_logprobs: np.ndarray | None = None  # re-scored on the training path before the update
     ref_logprobs: np.ndarray | None = None  # under the reference model, when KL is on
+    teacher_logprobs: np.ndarray | None = None  # under the teacher (on-policy distillation)
+    token_advantages: np.ndarray | None = None  # per token, when the advantage is per token
     reward_raw: float | None = None  # the reward program's number
     judge_term: float | None = None  # judge_weight x verdict, with a judge
     penalty: float = 0.0  # the overlong penalty subtracted

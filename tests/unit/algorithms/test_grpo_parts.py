@@ -7,10 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from retrograd.algorithms.grpo import PromptStream, _pieces, held_out
+from retrograd.algorithms.grpo import held_out
 from retrograd.data.prompts import read_prompts
 from retrograd.errors import DataError
+from retrograd.rollout.passes import pieces as _pieces
 from retrograd.rollout.records import Prompt, Rollout
+from retrograd.rollout.sample import PromptStream
 
 
 def prompt(i: int, n: int = 5) -> Prompt:

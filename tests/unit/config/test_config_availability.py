@@ -86,6 +86,19 @@ ACCEPTED: dict[tuple[str, str], dict] = {
         "sft": None,
         "grpo": {**SECTIONS["grpo"]["grpo"], "baseline": "rloo", "prompt_order": "shuffled"},
     },
+    ("distill", "*"): {
+        "run": {"algorithm": "distill"},
+        "sft": None,
+        "distill": {
+            "teacher_path": "t.gguf",
+            "prompts": "p.jsonl",
+            "updates": 3,
+            "prompts_per_update": 2,
+            "samples_per_prompt": 2,
+            "weight_clip": 3.0,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 1},
+        },
+    },
     ("preference", "*"): {
         "run": {"algorithm": "preference"},
         "sft": None,
@@ -151,7 +164,6 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
 # Entries of algorithms and modes `train` refuses, and a valid run of each.
 ALGORITHM_RUNS = {
     ("ppo", "*"): run_doc("ppo"),
-    ("distill", "*"): run_doc("distill"),
     ("agent", "*"): run_doc("agent_grpo"),
     ("agent.collect_api", "*"): run_doc("agent_grpo"),
     ("agent.scenario_generation", "*"): run_doc("agent_grpo"),

@@ -160,3 +160,26 @@ def test_shared_prefix_fanout_equals_rows(tiny_model, name):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     for a, b in zip(g_rows, g_fan, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3 * float(a.abs().max()))
+
+
+@pytest.mark.parametrize("name, seq_chunk", [("gemma2", 4), ("llama", 0)])
+def test_ids_and_topk_logprobs_equal_the_plain_log_softmax(tiny_model, name, seq_chunk):
+    """Offline distillation's two head reads: chosen ids' log-probabilities (with gradient,
+    chunks recomputed in backward) and the k most likely tokens, as log_softmax gives them."""
+    from retrograd.model.logprobs import ids_logprobs, topk_logprobs
+
+    m = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
+    torch.manual_seed(0)
+    h = torch.randn(11, m.config.n_embd, requires_grad=True)
+    ids = torch.randint(0, m.config.n_vocab, (11, 5))
+    full = torch.log_softmax(m.decoder.head(h), -1)
+    plain = full.gather(1, ids)
+    (g_plain,) = torch.autograd.grad(plain.sum(), h)
+    got = ids_logprobs(m.decoder, h, ids, seq_chunk=seq_chunk)
+    (g_got,) = torch.autograd.grad(got.sum(), h)
+    torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_got, g_plain, rtol=1e-4, atol=1e-5)
+    top_ids, top_lps = topk_logprobs(m.decoder, h.detach(), 4, seq_chunk=seq_chunk)
+    want_lps, want_ids = full.detach().topk(4, -1)
+    assert torch.equal(top_ids, want_ids)
+    torch.testing.assert_close(top_lps, want_lps)

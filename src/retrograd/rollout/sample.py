@@ -1,0 +1,82 @@
+"""Prompts in a run's order and groups of sampled answers: the sampling side shared by the
+rollout loops (GRPO, on-policy distillation).
+
+Every random choice is a pure function of the run's seeds: the prompt order is a permutation
+per pass over the file (seeded), and answer j to the prompt drawn at cursor c in update u gets
+the seed derive_seed(sampling.seed, "sample", u, c, j), so a resumed run samples the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from retrograd.data.sft import permutation
+from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
+from retrograd.seeds import SAMPLE, derive_seed
+
+
+class PromptStream:
+    """Prompts in the run's order: sequential, or a fresh permutation per pass (shuffled)."""
+
+    def __init__(self, prompts: list[Prompt], order: str, seed: int):
+        self.prompts, self.shuffled, self.seed = prompts, order == "shuffled", seed
+
+    def at(self, cursor: int) -> Prompt:
+        n = len(self.prompts)
+        cycle, j = divmod(cursor, n)
+        return self.prompts[permutation(n, self.seed, cycle)[j] if self.shuffled else j]
+
+    def draw(self, cursor: int, n: int) -> list[tuple[int, Prompt]]:
+        """The next n (cursor, prompt) pairs from `cursor`."""
+        return [(cursor + i, self.at(cursor + i)) for i in range(n)]
+
+
+def sample_groups(
+    sampler,
+    batch: list[tuple[int, Prompt]],
+    update: int,
+    first_group: int,
+    *,
+    size: int,
+    sampling,
+    concurrency: int,
+) -> list[Group]:
+    """A group of `size` answers per (cursor, prompt), sampled in waves of at most
+    `concurrency` answers (whole groups; a group's prompt is prefilled once). `sampling` is a
+    [grpo.sampling]-shaped section (temperature, top_p, max_new_tokens, seed)."""
+    params = SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_new_tokens=sampling.max_new_tokens,
+    )
+    per_wave = max(1, concurrency // size)
+    groups = []
+    for w in range(0, len(batch), per_wave):
+        wave = batch[w : w + per_wave]
+        seeds = [
+            tuple(derive_seed(sampling.seed, SAMPLE, update, c, j) for j in range(size))
+            for c, _ in wave
+        ]
+        requests = [
+            SampleRequest(p.ids, params, n=size, seeds=s)
+            for (_, p), s in zip(wave, seeds, strict=True)
+        ]
+        for (_, p), s, answers in zip(wave, seeds, sampler.generate(requests), strict=True):
+            index = first_group + len(groups)
+            members = [
+                Rollout(
+                    p,
+                    update,
+                    index,
+                    j,
+                    s[j],
+                    a.ids,
+                    a.text,
+                    a.finish_reason == FINISH_LENGTH,
+                    np.asarray(a.logprobs, dtype=np.float32),
+                )
+                for j, a in enumerate(answers)
+            ]
+            groups.append(Group(p, update, index, members))
+    return groups
