@@ -191,7 +191,7 @@ def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
     last_update, after = result.evals[-1]
     assert last_update == 8
     assert before > 1.0, before  # the teacher is far: its "e" words are unlikely to the student
-    assert after < 0.75 * before, (before, result.evals)
+    assert after < 0.8 * before, (before, result.evals)
     # the training metric falls with it: the last updates' mean KL below the first's
     assert sum(result.teacher_kl[-3:]) < sum(result.teacher_kl[:3])
     tags = _tensorboard_tags(tmp_path / "tb")
