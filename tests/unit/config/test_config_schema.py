@@ -64,6 +64,17 @@ def test_example_valid_for_models_and_schema(path):
     assert errors == []
 
 
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "examples").glob("*/*.toml")), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_worked_examples_validate(path):
+    """The worked examples in examples/<algorithm>/ (their data beside them, outputs in out/)."""
+    config = load_run(path, model="model.gguf")
+    assert config.output.path.resolve().is_relative_to(REPO / "out")
+    errors = [e.message for e in validator().iter_errors(tomllib.loads(path.read_text()))]
+    assert errors == []
+
+
 def test_docs_key_tables_in_sync():
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     generated = page.split(BEGIN, 1)[1].split(END, 1)[0]
