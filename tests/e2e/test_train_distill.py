@@ -219,8 +219,8 @@ def _tensorboard_tags(folder: Path) -> set[str]:
 @pytest.mark.slow
 def test_on_policy_resume_after_kill_is_byte_identical(models, tmp_path):
     """Two optimizer passes an update (clipping on), a KL term toward the base, shuffled
-    prompts, truncated answers masked: a run killed after its checkpoint at step 4 and resumed
-    ends with the uninterrupted run's adapter."""
+    prompts: a run killed after its checkpoint at step 4 and resumed ends with the
+    uninterrupted run's adapter."""
     distill = {
         "prompts": "prompts.jsonl",
         "updates": 4,
@@ -229,7 +229,6 @@ def test_on_policy_resume_after_kill_is_byte_identical(models, tmp_path):
         "distill_epochs": 2,
         "kl_coefficient": 0.05,
         "prompt_order": "shuffled",
-        "mask_truncated": True,
     }
     checkpoint = 'directory = "ck"\nmode = "steps"\nevery_steps = 4'
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -245,6 +244,20 @@ def test_on_policy_resume_after_kill_is_byte_identical(models, tmp_path):
     assert (whole / "out" / "adapter.gguf").read_bytes() == (
         cut / "out" / "adapter.gguf"
     ).read_bytes()
+
+
+def test_mask_truncated_leaves_cut_answers_out(models, tmp_path):
+    """The tiny student never stops within 12 tokens: with mask_truncated every answer is
+    cut, nothing trains, and the adapter stays at its initial value (B = 0)."""
+    from retrograd.algorithms.distill import run_distill
+
+    distill = {"prompts": "prompts.jsonl", "updates": 2, "prompts_per_update": 2}
+    run = write_run(tmp_path, models, dict(distill, mask_truncated=True))
+    result = run_distill(load_run(run), run_file=run, sinks=sinks())
+    assert result.updates == 2 and result.global_step == 0 and result.teacher_kl == []
+    run = write_run(tmp_path, models, dict(distill, mask_truncated=False))
+    result = run_distill(load_run(run), run_file=run, sinks=sinks())
+    assert result.global_step == 2 and len(result.teacher_kl) == 2
 
 
 def test_a_teacher_with_another_vocabulary_is_refused(models, tmp_path):

@@ -9,8 +9,8 @@ a sidecar that does not match its corpus, its tokenizer or its ctx. The file is 
 a temporary name and renamed. docs/distill.md describes the format.
 
 Example:
-  retrograd distill-teacher examples/distill/offline.toml --model teacher.gguf
-  retrograd train examples/distill/offline.toml --model student.gguf
+  retrograd distill-teacher examples/distill/pirate-offline.toml --model teacher.gguf
+  retrograd train examples/distill/pirate-offline.toml --model student.gguf
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", metavar="FILE.topk", help="the sidecar to write (default: [distill].sidecar)"
     )
-    p.add_argument("--k", type=int, default=16, metavar="N", help="predictions kept per position")
+    p.add_argument(
+        "--k", type=int, default=16, metavar="N", help="predictions kept per position (default 16)"
+    )
     p.add_argument("--ctx", type=int, metavar="N", help="context length (default: [training].ctx)")
     p.add_argument(
         "--model",
