@@ -49,6 +49,8 @@ def step_stats(values: Mapping[str, float]) -> str:
     parts = []
     if names.REWARD_MEAN in values:
         parts.append(f"reward {values[names.REWARD_MEAN]:.4f}")
+    if names.DISTILL_TEACHER_KL_MEAN in values:
+        parts.append(f"teacher KL {values[names.DISTILL_TEACHER_KL_MEAN]:.4f}")
     if names.TRAIN_LOSS in values:
         parts.append(f"loss {values[names.TRAIN_LOSS]:.4f}")
     if names.LEARNING_RATE in values:

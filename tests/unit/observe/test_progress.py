@@ -70,4 +70,5 @@ def test_formatting_helpers():
     assert format_duration(float("nan")) == "-"
     assert step_stats({names.TRAIN_LOSS: float("nan")}) == "loss nan"
     assert step_stats({"reward/mean": 0.25}) == "reward 0.2500"
+    assert step_stats({"distill/teacher_kl_mean": 4.1}) == "teacher KL 4.1000"
     assert step_stats({"policy/kl": 1.0}) == ""
