@@ -116,6 +116,7 @@ def write_run(tmp: Path, models, distill: dict | None = None, **sections) -> Pat
     offline = d.get("mode") == "topk_offline"
     t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64}
     t.update(sections.pop("training", {}))
+    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
     sampling = (
         ""
         if offline
@@ -165,8 +166,8 @@ def agreement(cfg, data: Path, adapter: Path | None = None):
 
 def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
     from retrograd.algorithms.distill import held_out_kl, run_distill
-    from retrograd.algorithms.grpo import held_out
     from retrograd.data.prompts import read_prompts, render_prompts
+    from retrograd.rollout.sample import held_out
     from retrograd.sampling import Sampler
 
     run = write_run(
@@ -286,7 +287,14 @@ OFFLINE = {"mode": "topk_offline", "data": "corpus.jsonl", "sidecar": "corpus.to
 
 
 def test_offline_distillation_lowers_the_kl_and_bench_reports_it(models, tmp_path, capsys):
-    run = write_run(tmp_path, models, dict(OFFLINE, offline_epochs=3))
+    # the reference's defaults (ctx 128, micro_batch 32): an example runs in passes of 32
+    # tokens, the later ones reading the earlier ones' cache, as SFT's do
+    run = write_run(
+        tmp_path,
+        models,
+        dict(OFFLINE, offline_epochs=3),
+        training={"ctx": None, "micro_batch": None},
+    )
     # the teacher alone writes the sidecar (its path from the run file)
     assert main(["distill-teacher", str(run), "--k", "8"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the line

@@ -42,7 +42,7 @@ from retrograd.observe import names
 from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
-from retrograd.rollout.sample import PromptStream, sample_groups
+from retrograd.rollout.sample import PromptStream, held_out, sample_groups
 from retrograd.sampling import Sampler
 from retrograd.sampling.params import SampleRequest, SamplingParams
 from retrograd.seeds import derive_seed
@@ -333,22 +333,23 @@ def _epoch(cfg, decoder, trained: list[Rollout]) -> dict[str, float]:
 # -- metrics and evaluation ----------------------------------------------------------------
 
 
-def teacher_kl(student: list[np.ndarray], teacher: list[np.ndarray]) -> tuple[float, np.ndarray]:
-    """(mean k over all tokens, each answer's mean k), k = student − teacher per token."""
+def teacher_kl(
+    student: list[np.ndarray], teacher: list[np.ndarray]
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """(mean k over all tokens, each answer's mean k, every token's k), k = student − teacher."""
     ks = [
         np.asarray(s, np.float64) - np.asarray(t, np.float64)
         for s, t in zip(student, teacher, strict=True)
     ]
     tokens = np.concatenate(ks) if ks else np.zeros(0)
     per_answer = np.array([k.mean() if len(k) else 0.0 for k in ks])
-    return (float(tokens.mean()) if len(tokens) else 0.0), per_answer
+    return (float(tokens.mean()) if len(tokens) else 0.0), per_answer, tokens
 
 
 def _teacher_metrics(trained: list[Rollout], weight_clip: float) -> dict[str, float]:
-    mean, per_answer = teacher_kl(
+    mean, per_answer, k = teacher_kl(
         [r.old_logprobs for r in trained], [r.teacher_logprobs for r in trained]
     )
-    k = np.concatenate([r.old_logprobs - r.teacher_logprobs for r in trained])
     return {
         names.DISTILL_TEACHER_KL_MEAN: mean,
         names.DISTILL_TEACHER_KL_P95: float(np.percentile(per_answer, 95)),
@@ -393,13 +394,11 @@ def held_out_kl(cfg, sampler, model, teacher, prompts) -> tuple[float, list[Roll
     teach = frozen_logprobs(
         lambda: nullcontext(teacher.decoder), model.decoder, scored, cfg.training
     )
-    mean, _ = teacher_kl(student, teach)
+    mean, _, _ = teacher_kl(student, teach)
     return mean, answers
 
 
 def _evaluate(cfg, sampler, model, teacher, held, pos, patience, result, sinks) -> bool:
-    from retrograd.algorithms.grpo import held_out
-
     t0 = time.perf_counter()
     prompts = held_out(held, cfg.evaluation.max_examples)
     kl, _ = held_out_kl(cfg, sampler, model, teacher, prompts)

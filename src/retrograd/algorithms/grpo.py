@@ -46,8 +46,8 @@ from retrograd.optim import base_lr, build_optimizer, lr_at
 from retrograd.rewards.judge import command_judge, judge_request
 from retrograd.rewards.program import RewardRequest, reward_program
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
-from retrograd.rollout.records import Group, Prompt, Rollout
-from retrograd.rollout.sample import PromptStream, sample_groups
+from retrograd.rollout.records import Group, Rollout
+from retrograd.rollout.sample import PromptStream, held_out, sample_groups
 from retrograd.rollout.shaping import (
     KlController,
     apply_overlong_penalty,
@@ -488,14 +488,6 @@ def _rollout_metrics(groups: list[Group], drawn: int, wanted: int) -> dict[str, 
 
 def _evaluate_now(cfg, update: int) -> bool:
     return update % cfg.evaluation.every_iterations == 0 or update == cfg.grpo.updates
-
-
-def held_out(prompts: list[Prompt], max_examples: int | None) -> list[Prompt]:
-    """At most max_examples prompts, spread evenly across the file."""
-    if max_examples is None or max_examples >= len(prompts):
-        return prompts
-    picks = np.linspace(0, len(prompts) - 1, max_examples).round().astype(int)
-    return [prompts[i] for i in picks]
 
 
 def _evaluate(cfg, sampler, program, held, pos, patience, result, sinks) -> bool:

@@ -80,3 +80,11 @@ def sample_groups(
             ]
             groups.append(Group(p, update, index, members))
     return groups
+
+
+def held_out(prompts: list[Prompt], max_examples: int | None) -> list[Prompt]:
+    """At most max_examples prompts, spread evenly across the file."""
+    if max_examples is None or max_examples >= len(prompts):
+        return prompts
+    picks = np.linspace(0, len(prompts) - 1, max_examples).round().astype(int)
+    return [prompts[i] for i in picks]

@@ -7,12 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from retrograd.algorithms.grpo import held_out
 from retrograd.data.prompts import read_prompts
 from retrograd.errors import DataError
 from retrograd.rollout.passes import pieces as _pieces
 from retrograd.rollout.records import Prompt, Rollout
-from retrograd.rollout.sample import PromptStream
+from retrograd.rollout.sample import PromptStream, held_out
 
 
 def prompt(i: int, n: int = 5) -> Prompt:
