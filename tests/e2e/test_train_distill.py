@@ -256,7 +256,14 @@ def test_mask_truncated_leaves_cut_answers_out(models, tmp_path):
     run = write_run(tmp_path, models, dict(distill, mask_truncated=True))
     result = run_distill(load_run(run), run_file=run, sinks=sinks())
     assert result.updates == 2 and result.global_step == 0 and result.teacher_kl == []
-    run = write_run(tmp_path, models, dict(distill, mask_truncated=False))
+    # and at the reference's ctx 128 and micro_batch 32: a pass holds one answer (prompt and
+    # answer are longer than 32 tokens), the update still one optimizer step
+    run = write_run(
+        tmp_path,
+        models,
+        dict(distill, mask_truncated=False),
+        training={"ctx": None, "micro_batch": None},
+    )
     result = run_distill(load_run(run), run_file=run, sinks=sinks())
     assert result.global_step == 2 and len(result.teacher_kl) == 2
 
