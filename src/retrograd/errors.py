@@ -50,3 +50,8 @@ class RewardError(RetrogradError):
 
 class JudgeError(RewardError):
     """A command judge failed a group (GRPO's judge_failure decides what happens next)."""
+
+
+class EnvironmentFailure(RetrogradError):
+    """An agent environment failed a trajectory (set-up, a broken tool, a lost server): the
+    trajectory is dropped, not shown an observation. The message names the scenario."""
