@@ -1,0 +1,191 @@
+"""type = "http": episodes served by an environment server over OpenEnv-style routes.
+
+The wire format (formats.md §4.2; the call and result objects are our choice, after the
+server's ToolCallView/MessageView):
+
+    GET  /tools          -> {"tools": [{"name", "description", "input_schema"}]}   (once per run)
+    POST /reset          {"scenario": {...}, "seed": n} -> {"env_id", "observation": null | str}
+    POST /step           {"env_id", "call": ToolCall} -> {"result": ToolResult,
+                                                          "reward": null | n, "done": bool}
+    GET  /state/{env_id} -> {"done", "cumulative_reward"?, "summary"?, "metadata"?}; 404: none
+    POST /close          {"env_id"} -> any 2xx, body ignored
+
+    ToolCall   = {"id": "call_N" (N counts from 0 in the episode), "name": str, "arguments": {}}
+    ToolResult = {"content": str, "is_error"?: bool}   ("reward" and "done" may be left out)
+
+A 404 or 410 on a route carrying an env_id (state excepted), any other non-2xx answer, a
+timeout or a reply of the wrong shape fails the trajectory (EnvironmentFailure naming the
+scenario, URL and route). An HTTP environment grades through its step rewards: `grades` is
+True and `verify` returns None. Calls to a tool missing from /tools are error observations
+that never reach the server. This module knows nothing about tokens or the policy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+
+from retrograd.agent.types import Environment, Episode, Observation, ToolSpec
+from retrograd.config.agent import HttpEnvironment as HttpConfig
+from retrograd.errors import EnvironmentFailure
+
+TRUNCATED = "\n[output truncated]"
+
+
+def cap_text(text: str, max_bytes: int) -> str:
+    """`text` cut to `max_bytes` of UTF-8 (never inside a character), marked when cut."""
+    raw = text.encode()
+    if len(raw) <= max_bytes:
+        return text
+    return raw[:max_bytes].decode(errors="ignore") + TRUNCATED
+
+
+class HttpEnvironment(Environment):
+    """One HTTP client (pool_size connections) shared by every episode of the run."""
+
+    def __init__(self, config: HttpConfig):
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers=config.headers or {},
+            timeout=httpx.Timeout(config.request_timeout_secs, connect=config.connect_timeout_secs),
+            limits=httpx.Limits(
+                max_connections=config.pool_size, max_keepalive_connections=config.pool_size
+            ),
+        )
+        self._tools: list[ToolSpec] | None = None
+        self._lock = threading.Lock()
+
+    def request(
+        self, method: str, route: str, where: str, body: Any = None, missing_ok: bool = False
+    ) -> Any:
+        """One call; the decoded JSON answer (None for an empty body, or a 404 when
+        missing_ok). Raises EnvironmentFailure naming `where`, the URL and the route."""
+        place = f"{where}: {method} {self.base_url}{route}"
+        try:
+            response = self.client.request(method, route, json=body)
+        except httpx.TimeoutException:
+            raise EnvironmentFailure(
+                f"{place}: no answer within {self.config.request_timeout_secs:g} s"
+            ) from None
+        except httpx.HTTPError as e:
+            raise EnvironmentFailure(f"{place}: {type(e).__name__}: {e}") from None
+        if missing_ok and response.status_code == 404:
+            return None
+        if not response.is_success:
+            gone = (
+                " (the environment instance is gone)" if response.status_code in (404, 410) else ""
+            )
+            raise EnvironmentFailure(
+                f"{place}: HTTP {response.status_code}{gone}: {response.text[:200]}"
+            )
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise EnvironmentFailure(f"{place}: the answer is not JSON") from None
+
+    def catalog(self, scenario=None) -> list[ToolSpec]:
+        with self._lock:
+            if self._tools is None:
+                self._tools = self._fetch_tools()
+            return list(self._tools)
+
+    def _fetch_tools(self) -> list[ToolSpec]:
+        reply = self.request("GET", "/tools", "[agent.environment]")
+        place = f"[agent.environment]: GET {self.base_url}/tools"
+        if not isinstance(reply, dict) or not isinstance(reply.get("tools"), list):
+            raise EnvironmentFailure(f'{place}: expected {{"tools": [...]}}')
+        out = []
+        for i, tool in enumerate(reply["tools"]):
+            if not isinstance(tool, dict):
+                raise EnvironmentFailure(f"{place}: tools[{i}] must be an object")
+            name, description = tool.get("name"), tool.get("description", "")
+            schema = tool.get("input_schema")
+            if not isinstance(name, str) or not name:
+                raise EnvironmentFailure(f'{place}: tools[{i}] needs a "name" string')
+            if not isinstance(description, str) or not isinstance(schema, dict):
+                raise EnvironmentFailure(
+                    f'{place}: tools[{i}] ("{name}") needs a "description" string and an '
+                    '"input_schema" object'
+                )
+            out.append(ToolSpec(name, description, schema))
+        return out
+
+    def open(self, scenario, seed: int) -> HttpEpisode:
+        tools = self.catalog(scenario)
+        where = f"scenario {scenario.id}"
+        reply = self.request(
+            "POST", "/reset", where, {"scenario": scenario.as_json(), "seed": seed}
+        )
+        place = f"{where}: POST {self.base_url}/reset"
+        if not isinstance(reply, dict) or not isinstance(reply.get("env_id"), (str, int)):
+            raise EnvironmentFailure(f'{place}: expected {{"env_id": ..., "observation": ...}}')
+        opening = reply.get("observation")
+        if opening is not None and not isinstance(opening, str):
+            raise EnvironmentFailure(f'{place}: "observation" must be null or a string')
+        return HttpEpisode(self, where, reply["env_id"], tools, opening)
+
+    def grades(self, scenario) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HttpEpisode(Episode):
+    """One env_id on the server, from reset to close."""
+
+    def __init__(self, env: HttpEnvironment, where: str, env_id, tools: list[ToolSpec], opening):
+        self.env, self.where, self.env_id = env, where, env_id
+        self.tools, self.opening = tools, opening
+        self._names = {t.name for t in tools}
+        self._calls = 0
+        self._closed = False
+
+    def step(self, name: str, arguments: dict[str, Any]) -> Observation:
+        if name not in self._names:
+            return Observation(f"unknown tool '{name}'", is_error=True)
+        call = {"id": f"call_{self._calls}", "name": name, "arguments": arguments}
+        self._calls += 1
+        reply = self.env.request("POST", "/step", self.where, {"env_id": self.env_id, "call": call})
+        place = f"{self.where}: POST {self.env.base_url}/step"
+        result = reply.get("result") if isinstance(reply, dict) else None
+        if not isinstance(result, dict) or not isinstance(result.get("content"), str):
+            raise EnvironmentFailure(f'{place}: expected {{"result": {{"content": "..."}}, ...}}')
+        is_error, reward, done = (
+            result.get("is_error", False),
+            reply.get("reward"),
+            reply.get("done", False),
+        )
+        if not isinstance(is_error, bool) or not isinstance(done, bool):
+            raise EnvironmentFailure(f'{place}: "is_error" and "done" must be booleans')
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, (int, float))
+        ):
+            raise EnvironmentFailure(f'{place}: "reward" must be null or a number')
+        content = cap_text(result["content"], self.env.config.max_result_bytes)
+        return Observation(content, is_error, None if reward is None else float(reward), done)
+
+    def state(self) -> dict[str, Any] | None:
+        """The server's EnvState, or None when it keeps none (404)."""
+        reply = self.env.request("GET", f"/state/{self.env_id}", self.where, missing_ok=True)
+        if reply is not None and not isinstance(reply, dict):
+            raise EnvironmentFailure(
+                f"{self.where}: GET {self.env.base_url}/state/{self.env_id}: expected an object"
+            )
+        return reply
+
+    def summary(self) -> str | None:
+        state = self.state()
+        summary = None if state is None else state.get("summary")
+        return summary if isinstance(summary, str) else None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.env.request("POST", "/close", self.where, {"env_id": self.env_id})
