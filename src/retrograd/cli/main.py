@@ -40,6 +40,7 @@ COMMANDS = {
     ),
     "chat": ("retrograd.cli.chat", "chat with the model or an adapter in the terminal"),
     "serve": ("retrograd.cli.serve", "serve the model through the OpenAI chat completions API"),
+    "tools": ("retrograd.cli.tools", "list the tools an agentic run offers"),
 }
 
 
