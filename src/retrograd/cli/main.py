@@ -40,6 +40,11 @@ COMMANDS = {
     ),
     "chat": ("retrograd.cli.chat", "chat with the model or an adapter in the terminal"),
     "serve": ("retrograd.cli.serve", "serve the model through the OpenAI chat completions API"),
+    "collect": (
+        "retrograd.cli.collect",
+        "roll out agentic scenarios and write the successful traces as SFT tool records",
+    ),
+    "scenarios": ("retrograd.cli.scenarios", "generate agentic scenarios with an LLM"),
     "tools": ("retrograd.cli.tools", "list the tools an agentic run offers"),
 }
 
