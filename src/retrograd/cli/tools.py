@@ -95,12 +95,12 @@ def _mcp(agent, base_dir: Path, connect: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"servers": servers, "connected": False, "tools": []}
     if not servers:
         return out
-    out["note"] = "not connected (--no-connect)"
+    out["note"] = "--no-connect"
     if not connect:
         return out
     mcp = _optional_module("retrograd.agent.mcp")
     if mcp is None or not hasattr(mcp, "list_tools"):
-        out["note"] = "not connected: MCP support is not installed"
+        out["note"] = "MCP support is not installed"
         return out
     del out["note"]
     out["tools"] = [_mcp_row(row) for row in mcp.list_tools(agent, base_dir)]
@@ -136,14 +136,19 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"http environment: its tools come from GET {report['tools_url']} when a run starts"
         )
-    for name, toolset in report.get("toolsets", {}).items():
+    toolsets = report.get("toolsets", {})
+    for name, toolset in toolsets.items():
+        if not toolset["selectable"]:
+            continue
         role = "default" if name == report["default"] else "selectable"
-        role = role if toolset["selectable"] else "defined, not selectable"
         lines.append(f"toolset {name} ({role}), hash {toolset['hash'][:16]}")
         width = max(len(t["ref"]) for t in toolset["tools"])
         names = max(len(t["name"]) for t in toolset["tools"])
         for t in toolset["tools"]:
             lines.append(f"  {t['ref']:<{width}}  {t['name']:<{names}}  {t['description']}")
+    others = [name for name, toolset in toolsets.items() if not toolset["selectable"]]
+    if others:
+        lines.append(f"other toolsets (not selectable): {', '.join(others)}")
     if "catalog_hash" in report:
         lines.append(f"catalog hash: {report['catalog_hash']}")
     mcp = report["mcp"]
@@ -151,7 +156,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append("mcp tools:")
         lines += [f"  {t['name']}  {t.get('description') or ''}".rstrip() for t in mcp["tools"]]
     elif mcp["servers"]:
-        lines.append(f"mcp servers: {', '.join(mcp['servers'])} (by name only: {mcp['note']})")
+        lines.append(f"mcp servers: {', '.join(mcp['servers'])} (not connected: {mcp['note']})")
     return "\n".join(lines)
 
 

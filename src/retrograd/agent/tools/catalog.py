@@ -112,16 +112,12 @@ def load_catalog(tools: ToolsConfig, base_dir: Path) -> Catalog:
     inline_sets = {n: s.model_dump() for n, s in tools.toolset.items()}
     registry.define(parse_definitions(inline_tools, inline_sets, INLINE, base_dir))
     selectable = tuple(dict.fromkeys([tools.default, *(tools.scenario_toolsets or ())]))
-    built: dict[str, CatalogEntry] = {}
-    toolsets = {}
-    for name in sorted(registry.toolsets):
-        where = f"{INLINE}.default" if name == tools.default else INLINE
-        entries = []
-        for definition in registry.expand(name, where):
-            if definition.ref not in built:
-                built[definition.ref] = build_entry(definition)
-            entries.append(built[definition.ref])
-        toolsets[name] = tuple(entries)
+    # Every definition is built, used or not, so that a broken one is an error today.
+    built = {d.ref: build_entry(d) for d in registry.tools.values()}
+    toolsets = {
+        name: tuple(built[d.ref] for d in registry.expand(name, INLINE))
+        for name in sorted(registry.toolsets)
+    }
     for name in selectable:
         if name not in toolsets:
             key = "default" if name == tools.default else "scenario_toolsets"
