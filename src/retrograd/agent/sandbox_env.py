@@ -183,17 +183,17 @@ class SandboxEnvironment(Environment):
         task = scenario.env
         if task is None:
             return
-        budget = _Budget(self.setup_timeout_secs)
+        deadline = time.monotonic() + self.setup_timeout_secs
         for path in sorted(task.files):
             argv = ["sh", "-c", WRITE_SCRIPT, "sh", path]
-            result = sandbox.exec(argv, task.files[path].encode(), budget.left())
+            result = sandbox.exec(argv, task.files[path].encode(), _left(deadline))
             if not result.ok:
                 raise EnvironmentFailure(
                     f"scenario {scenario.id}: cannot write metadata.env.files {path!r} "
                     f"({_quoted(result)})"
                 )
         for command in task.setup:
-            result = sandbox.exec(["sh", "-c", command], timeout=budget.left())
+            result = sandbox.exec(["sh", "-c", command], timeout=_left(deadline))
             if not result.ok:
                 raise EnvironmentFailure(
                     f"scenario {scenario.id}: setup command {command!r} failed ({_quoted(result)})"
@@ -209,15 +209,10 @@ class SandboxEnvironment(Environment):
         self.pool.close()
 
 
-class _Budget:
-    """What is left of one deadline, for a sequence of commands."""
-
-    def __init__(self, seconds: float) -> None:
-        self._clock = time.monotonic
-        self.deadline = self._clock() + seconds
-
-    def left(self) -> float:
-        return max(self.deadline - self._clock(), 0.001)
+def _left(deadline: float) -> float:
+    """What is left of a deadline shared by a sequence of commands (a spent one still gives
+    the next command an instant, so that it fails as timed out)."""
+    return max(deadline - time.monotonic(), 0.001)
 
 
 def local_environment(section: LocalEnvironment, run_dir: Path) -> SandboxEnvironment:

@@ -12,6 +12,7 @@ import pytest
 
 from retrograd.agent.local import LocalSandbox
 from retrograd.agent.tools.catalog import load_catalog
+from retrograd.agent.types import Observation
 from retrograd.config.agent import ToolsConfig
 from retrograd.errors import ConfigError, EnvironmentFailure
 
@@ -263,8 +264,7 @@ def test_json_exec_tool_rewards_and_ends(tmp_path, sandbox):
     wrong = tool.call(sandbox, {"answer": 1})
     assert (wrong.content, wrong.is_error, wrong.reward, wrong.done) == ("wrong", True, 0.0, False)
     plain = json_tool(tmp_path, 'print(\'{"content": "ok"}\')', folder="plain")
-    assert plain.call(sandbox, {}).content == "ok"
-    assert plain.call(sandbox, {}).reward is None and not plain.call(sandbox, {}).done
+    assert plain.call(sandbox, {}) == Observation("ok")  # no reward, not done, not an error
 
 
 @pytest.mark.parametrize(
