@@ -140,3 +140,16 @@ def test_tools_list_errors(tmp_path, capsys):
                      '[sft]\ndata = "d.jsonl"\n')  # fmt: skip
     assert main(["tools", "list", str(other)]) == 1
     assert "tools list reads an agent_grpo run file" in capsys.readouterr().err
+
+
+def test_tools_list_of_an_http_environment(tmp_path, capsys):
+    run = tmp_path / "run.toml"
+    head = RUN.split("[agent.environment]")[0]
+    run.write_text(head + '[agent.environment]\ntype = "http"\nbase_url = "http://env.test/api/"\n')
+    assert main(["tools", "list", str(run), "--no-connect"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out
+        == "http environment: its tools come from GET http://env.test/api/tools when a run starts\n"
+    )
+    assert "catalog hash" not in out
