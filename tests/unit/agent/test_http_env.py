@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -184,4 +186,24 @@ def test_headers_go_with_every_request(server):
     for call in server.calls:
         assert call["headers"]["authorization"] == "Bearer t0k"
         assert call["headers"]["x-run"] == "r1"
+    env.close()
+
+
+def test_pool_size_bounds_the_connections(server):
+    env = environment(server, pool_size=2)
+    episodes = [env.open(scenario(target=10), i) for i in range(4)]
+    server.step_delay = 0.3
+    results: dict[int, Observation] = {}
+
+    def step(i: int) -> None:
+        results[i] = episodes[i].step("add", {"by": i})
+
+    threads = [threading.Thread(target=step, args=(i,)) for i in range(4)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - started >= 2 * 0.3  # two at a time: at least two rounds
+    assert [results[i].content for i in range(4)] == [f"counter {i}" for i in range(4)]
     env.close()
