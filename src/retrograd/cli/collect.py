@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     )
     seed = cfg.agent.seed if args.seed is None else args.seed
     if args.api:
-        return _api(cfg, scenarios, k, seed, opts, out, report)
+        run_dir = Path(args.config).resolve().parent
+        return _api(cfg, run_dir, scenarios, k, seed, opts, out, report)
     return _local(cfg, list(file.scenarios), k, seed, args.limit, opts, out, report)
 
 
@@ -170,21 +171,41 @@ def _require_verified(flag: bool | None, scenarios) -> bool:
     return all(s.env is not None and s.env.verify is not None for s in scenarios)
 
 
-def build_environment(cfg):
-    """[agent.environment] made live. NOTE: only type = "http" is built here for now; the
-    sandbox environments are built by their own modules once they exist."""
-    env = cfg.agent.environment
-    if env.type == "http":
+# [agent.environment].type -> (module, the function making it live from (section, run_dir))
+ENVIRONMENTS = {
+    "http": ("retrograd.agent.http_env", None),
+    "local": ("retrograd.agent.sandbox_env", "local_environment"),
+    "container": ("retrograd.agent.container", "container_environment"),
+}
+
+
+def build_environment(cfg, run_dir: Path, scenarios):
+    """[agent.environment] made live; a sandbox environment checks the scenarios' toolsets
+    before the first rollout."""
+    import importlib
+
+    section = cfg.agent.environment
+    module, factory = ENVIRONMENTS[section.type]
+    if factory is None:
         from retrograd.agent.http_env import HttpEnvironment
 
-        return HttpEnvironment(env)
-    raise ConfigError(
-        f'[agent.environment].type = "{env.type}": `collect --api` cannot build this '
-        "environment yet (http only)"
-    )
+        return HttpEnvironment(section)
+    try:
+        make = getattr(importlib.import_module(module), factory)
+    except (ImportError, AttributeError):
+        raise ConfigError(
+            f'[agent.environment].type = "{section.type}": this build has no such environment'
+        ) from None
+    environment = make(section, run_dir)
+    try:
+        environment.check_scenarios(scenarios)
+    except BaseException:
+        environment.close()
+        raise
+    return environment
 
 
-def _api(cfg, scenarios, k, seed, opts, out: Path, report: Path | None) -> int:
+def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path | None) -> int:
     from retrograd.agent.api_rollout import Limits, api_groups
     from retrograd.agent.endpoint import ChatEndpoint, api_key
 
@@ -195,7 +216,7 @@ def _api(cfg, scenarios, k, seed, opts, out: Path, report: Path | None) -> int:
     endpoint = ChatEndpoint(
         api.base_url, api.model, key, api.timeout_secs, where="[agent.collect_api]"
     )
-    environment = build_environment(cfg)
+    environment = build_environment(cfg, run_dir, scenarios)
     try:
         groups = api_groups(
             endpoint,

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(cfg.agent.scenarios)
     if path.exists() and not args.force and not args.dry_run:
         raise ConfigError(f"[agent].scenarios = {path}: exists; pass --force to overwrite it")
-    prompt = build_prompt(gen, catalog(cfg))
+    prompt = build_prompt(gen, catalog(cfg, Path(args.config).resolve().parent))
     seed = cfg.agent.seed if gen.seed is None else gen.seed
     if args.dry_run:
         print(
@@ -76,17 +76,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def catalog(cfg) -> list[dict]:
-    """The tools shown to the generator, OpenAI function shape: the environment's catalog when
-    it can be had without side effects (an HTTP environment's GET /tools); empty otherwise.
-    NOTE: sandbox environments' toolsets are not resolved here yet."""
+def catalog(cfg, run_dir: Path) -> list[dict]:
+    """The tools shown to the generator, OpenAI function shape, got without side effects: the
+    default toolset of a container or local environment (definitions read, nothing started),
+    an HTTP environment's GET /tools; none without an environment. MCP tools are not shown."""
     env = cfg.agent.environment
-    if env is None or env.type != "http":
+    if env is None:
         return []
-    from retrograd.agent.http_env import HttpEnvironment
+    if env.type == "http":
+        from retrograd.agent.http_env import HttpEnvironment
 
-    live = HttpEnvironment(env)
-    try:
-        return [spec.openai() for spec in live.catalog()]
-    finally:
-        live.close()
+        live = HttpEnvironment(env)
+        try:
+            return [spec.openai() for spec in live.catalog()]
+        finally:
+            live.close()
+    from retrograd.agent.tools import load_catalog
+
+    return [spec.openai() for spec in load_catalog(env.tools, run_dir).specs()]

@@ -209,3 +209,51 @@ def test_a_run_file_of_another_algorithm_is_refused(tmp_path, capsys):
     )
     assert main(["collect", str(cfg), "--api", "--out", str(tmp_path / "t.jsonl")]) == 1
     assert "this command reads an agent_grpo run file" in capsys.readouterr().err
+
+
+def test_collect_api_in_a_local_sandbox_with_verify(tmp_path, key, capsys):
+    """The local environment (real sandboxes on this host) runs the calls and verifies; with
+    every scenario verifiable, --require-verified is the default."""
+    verify = {"command": ["sh", "-c", 'test "$(cat answer.txt)" = 42']}
+    scenarios = [
+        {"id": "answer", "user": "Write 42 to answer.txt.", "metadata": {"env": {"verify": verify}}}
+    ]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scenarios))
+    script = [
+        reply("", calls=[("write_file", {"path": "answer.txt", "content": "42"})]),
+        reply("Done.", calls=[("submit", {})]),
+        reply("", calls=[("write_file", {"path": "answer.txt", "content": "41"})]),
+        reply("That should do."),
+    ]
+    with scripted_openai(script) as api:
+        cfg = tmp_path / "run.toml"
+        cfg.write_text(
+            f"""[run]
+algorithm = "agent_grpo"
+[output]
+path = "out.gguf"
+[lora]
+[agent]
+scenarios = "s.jsonl"
+group_size = 2
+[agent.environment]
+type = "local"
+allow_unsandboxed = true
+[agent.environment.tools]
+default = "base"
+[agent.collect_api]
+base_url = "{api.base_url}"
+model = "gpt-test"
+api_key_env = "{KEY_ENV}"
+"""
+        )
+        out, report = tmp_path / "traces.jsonl", tmp_path / "report.json"
+        assert main(["collect", str(cfg), "--api", "--out", str(out), "--report", str(report)]) == 0
+        tools = {t["function"]["name"] for t in api.requests[0]["tools"]}
+    assert {"bash", "write_file", "submit"} <= tools
+    [record] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["metadata"]["verification"] == {"reward": 1.0, "passed": True}
+    assert record["metadata"]["reward"] == 1.0 and record["metadata"]["member"] == 0
+    assert record["messages"][-1]["role"] == "tool" and record["messages"][-1]["name"] == "submit"
+    data = json.loads(report.read_text())
+    assert data["rejected"]["unverified"] == 1 and data["scenarios"][0]["passed"] == 1

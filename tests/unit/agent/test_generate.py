@@ -259,3 +259,19 @@ def test_generate_command_errors(tmp_path, monkeypatch, capsys):
     cfg.write_text(cfg.read_text().split("[agent.scenario_generation]")[0])
     assert main(["scenarios", "generate", str(cfg)]) == 1
     assert "[agent.scenario_generation]: required" in capsys.readouterr().err
+
+
+def test_generate_shows_a_local_environment_default_toolset(tmp_path, key):
+    local = '[agent.environment]\ntype = "local"\nallow_unsandboxed = true\n'
+    local += '[agent.environment.tools]\ndefault = "python"\n'
+    with scripted_openai([batch("a", "b"), batch("c")]) as api:
+        cfg = run_file(tmp_path, api.base_url)
+        text = cfg.read_text().replace(
+            '[agent.judge]\ntype = "command"', local + '[agent.judge]\ntype = "command"'
+        )
+        cfg.write_text(text)
+        assert main(["scenarios", "generate", str(cfg)]) == 0
+        system = api.requests[0]["messages"][0]["content"]
+    catalog = json.loads(system.split("(OpenAI function format):\n")[1].split("\n\nAlso follow")[0])
+    names = [t["function"]["name"] for t in catalog]
+    assert names == sorted(names) and {"bash", "python", "run_tests", "submit"} <= set(names)
