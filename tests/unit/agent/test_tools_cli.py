@@ -153,3 +153,22 @@ def test_tools_list_of_an_http_environment(tmp_path, capsys):
         == "http environment: its tools come from GET http://env.test/api/tools when a run starts\n"
     )
     assert "catalog hash" not in out
+
+
+def test_tools_list_connects_to_mcp_servers(tmp_path, capfd):
+    # capfd, not capsys: the SDK hands a stdio server this process's stderr descriptor
+    from tests.factories.mcp_server import stdio_command
+
+    command = json.dumps(stdio_command())
+    run = write_run(tmp_path, f'[[agent.mcp_servers]]\nname = "calc"\ncommand = {command}\n'
+                              'allowed_tools = ["add", "echo"]\nstateless = true\n')  # fmt: skip
+    assert main(["tools", "list", str(run), "--json"]) == 0
+    mcp = json.loads(capfd.readouterr().out)["mcp"]
+    assert mcp["connected"] and mcp["servers"] == ["calc"]
+    assert sorted(t["name"] for t in mcp["tools"]) == ["calc__add", "calc__echo"]
+    assert main(["tools", "list", str(run)]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[lines.index("mcp tools:") + 1 :] == [
+        "  calc__add  Add two integers.",
+        "  calc__echo  Echo the text back.",
+    ]
