@@ -187,14 +187,10 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("distill", "*"): _entry(HONOURED, "honoured by distill (both modes)"),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
-        LATER,
-        "for `retrograd collect --api`, not in this version; `train` ignores it (and refuses "
-        "agent_grpo until its loop lands)",
+        ELSEWHERE, "read by `retrograd collect --api`; `train` ignores it"
     ),
     ("agent.scenario_generation", "*"): _entry(
-        LATER,
-        "for `retrograd scenarios generate`, not in this version; `train` ignores it (and "
-        "refuses agent_grpo until its loop lands)",
+        ELSEWHERE, "read by `retrograd scenarios generate`; `train` ignores it"
     ),
 }
 

@@ -26,9 +26,24 @@ MUON = {"training": {"optimizer": "muon"}, "lora": {"dtype": "f32"}}
 EVAL = {"data": "e.jsonl"}
 CKPT = {"directory": "ck", "mode": "steps", "every_steps": 5}
 
+ENDPOINT = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "KEY"}
+
+
+def agent_run(**agent) -> dict:
+    """A patch making run_doc()'s sft run an agent_grpo one, with `agent` keys added."""
+    judge = {"type": "command", "command": ["python3", "judge.py"]}
+    return {
+        "run": {"algorithm": "agent_grpo"},
+        "sft": None,
+        "agent": {"scenarios": "s.jsonl", "judge": judge, **agent},
+    }
+
+
 # Entry -> sections merged into a valid sft run that set the key(s) to a value other than the
 # default; the run must load with that value.
 ACCEPTED: dict[tuple[str, str], dict] = {
+    ("agent.collect_api", "*"): agent_run(collect_api=ENDPOINT),
+    ("agent.scenario_generation", "*"): agent_run(scenario_generation=ENDPOINT),
     ("run", "algorithm"): {"run": {"algorithm": "sft"}},
     ("run", "verbose"): {"run": {"verbose": True}},
     ("model", "path"): {"model": {"path": "other.gguf"}},
@@ -165,8 +180,6 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
 ALGORITHM_RUNS = {
     ("ppo", "*"): run_doc("ppo"),
     ("agent", "*"): run_doc("agent_grpo"),
-    ("agent.collect_api", "*"): run_doc("agent_grpo"),
-    ("agent.scenario_generation", "*"): run_doc("agent_grpo"),
 }
 MODE_RUNS = {
     ("trainable", "*"): run_doc(
