@@ -5,7 +5,7 @@
 #      nofile/nproc ulimits (crun and the default rlimits fail on these machines);
 #   3. localhost/retrograd-agent:bookworm, a Debian minbase root with python3 and the builtin
 #      tools' commands, user runner (uid 1000), /work mode 1777, imported into podman.
-# Idempotent: an image that exists is kept (RETRO_AGENT_IMAGE_REBUILD=1 rebuilds it). About
+# Idempotent: an image of this RECIPE is kept (RETRO_AGENT_IMAGE_REBUILD=1 rebuilds it). About
 # 100 s from scratch, under a second when done. Exits non-zero, saying why, when it cannot.
 # Use the containers.conf it writes: export CONTAINERS_CONF=.cache/containers/containers.conf
 set -eu
@@ -15,6 +15,8 @@ SUITE=bookworm
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=$ROOT/.cache/containers
 CONF=$DIR/containers.conf
+RECIPE=3 # bump when the image changes: an image of another recipe is rebuilt
+PATHS=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 say() { echo "agent-image: $*" >&2; }
 
@@ -61,10 +63,11 @@ build_image() {
     rootfs=$(mktemp -d "$DIR/rootfs.XXXXXX")
     trap 'rm -rf "$rootfs"' EXIT
     say "debootstrap $SUITE from $(mirror) (about 100 s)"
-    # python3 for scripts and verify commands; procps for /usr/bin/kill and ps (minbase has
-    # only the shell builtin); findutils, grep and coreutils (timeout) come with minbase.
-    debootstrap --variant=minbase --include=python3,procps "$SUITE" "$rootfs" "$(mirror)" \
-        >"$DIR/debootstrap.log" 2>&1 || {
+    # python3 and pytest (the python toolset's run_tests) for scripts and verify commands;
+    # procps for /usr/bin/kill and ps (minbase has only the shell builtin); sh, findutils,
+    # grep and coreutils (timeout, sleep) come with minbase.
+    debootstrap --variant=minbase --include=python3,python3-pytest,procps "$SUITE" "$rootfs" \
+        "$(mirror)" >"$DIR/debootstrap.log" 2>&1 || {
         say "debootstrap failed, see $DIR/debootstrap.log"
         return 1
     }
@@ -74,8 +77,9 @@ build_image() {
         "$rootfs"/usr/share/man "$rootfs"/usr/share/info "$rootfs"/usr/share/locale \
         "$rootfs"/var/log/*.log "$rootfs"/var/cache/debconf/*-old
     tar -C "$rootfs" -c . | podman import -q \
-        --change USER=1000:1000 --change WORKDIR=/work \
-        --change 'CMD=["sleep","infinity"]' - "$IMAGE" >/dev/null
+        --change USER=1000:1000 --change WORKDIR=/work --change "ENV=PATH=$PATHS" \
+        --change "LABEL=retrograd.recipe=$RECIPE" --change 'CMD=["sleep","infinity"]' \
+        - "$IMAGE" >/dev/null
     rm -rf "$rootfs"
     trap - EXIT
 }
@@ -90,7 +94,9 @@ smoke() {
 install_packages
 write_conf
 export CONTAINERS_CONF="$CONF"
-if podman image exists "$IMAGE" && [ "${RETRO_AGENT_IMAGE_REBUILD:-0}" != 1 ]; then
+recipe=$(podman image inspect --format '{{index .Config.Labels "retrograd.recipe"}}' "$IMAGE" \
+    2>/dev/null || true)
+if [ "$recipe" = "$RECIPE" ] && [ "${RETRO_AGENT_IMAGE_REBUILD:-0}" != 1 ]; then
     say "$IMAGE is there"
     exit 0
 fi

@@ -1,0 +1,655 @@
+"""The container environment (formats.md §4.2): each trajectory's commands run in a container
+of its own, leased from a pool, through a Docker-compatible CLI.
+
+`ContainerSpec` is how every container of a pool starts (no network, read-only root, a tmpfs
+/work, uid 1000, no capabilities, resource limits) and what it refuses (root, a mount that
+exposes the engine's socket); `ContainerSandbox` runs one command at a time with `<cli> exec`;
+`ContainerPool` starts, leases, resets and removes containers, and reaps those a crashed run
+left behind. The CLI is podman when present, else docker (which honours DOCKER_HOST);
+RETRO_CONTAINER_CLI overrides both. Nothing here knows about tools or scenarios: they reach a
+container through Sandbox.exec (agent/sandbox_env.py).
+
+NOTE: every container carries retrograd.pool (one id per pool) and its creator's host, pid and
+process start time: the reaper removes only containers whose creator is dead on this host, so
+concurrent runs never remove each other's containers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrograd.agent.sandbox_env import SandboxEnvironment, SandboxPool
+from retrograd.agent.tools.catalog import load_catalog
+from retrograd.agent.types import ExecResult, Sandbox
+from retrograd.config import agent as agent_config
+from retrograd.errors import ConfigError, EnvironmentFailure
+
+CLI_VARIABLE = "RETRO_CONTAINER_CLI"
+WORKDIR = "/work"
+USER = "1000:1000"
+POOL_LABEL = "retrograd.pool"
+HOST_LABEL, PID_LABEL, START_LABEL = "retrograd.host", "retrograd.pid", "retrograd.pid_start"
+MARK = "RETROGRAD_EXEC"  # set on each command, so its whole process tree can be found
+# profile -> (image, package cache directory, the variable that points the tool at it)
+PROFILES = {
+    "python": ("python:3.12-slim", "/opt/cache/pip", "PIP_CACHE_DIR"),
+    "typescript": ("node:22-slim", "/opt/cache/npm", "npm_config_cache"),
+}
+ENGINE_SOCKETS = (
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/podman/podman.sock",
+    "/run/containerd/containerd.sock",
+)
+GRACE_SECS = 15.0  # how long `<cli> exec` may run past the command's own timeout
+CLI_TIMEOUT_SECS = 120.0  # run, rm, ps, inspect
+_CHUNK = 1 << 16
+
+# Runs every command: `timeout` kills it at the deadline, then every process that inherited
+# this command's mark is killed too (children that left its process group included), so
+# nothing a command started outlives it, as in a local sandbox. "not found" is worded as a
+# shell (and the local sandbox) words it.
+WRAPPER = r"""
+t=$1; m=$2; shift 2
+command -v "$1" >/dev/null 2>&1 || { echo "$1: command not found" >&2; exit 127; }
+timeout -s KILL "$t" "$@"
+rc=$?
+for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = $$ ] && continue
+    grep -qxz "RETROGRAD_EXEC=$m" "$p/environ" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+done
+exit $rc
+"""
+# pid 1 of every container: idles, and reaps the orphans a command leaves (its `wait` takes
+# any child), which would otherwise stay zombies and count against the pids limit.
+IDLE = "while :; do sleep 3600 & wait; done"
+# Between two leases of a container: kill every process but pid 1 (kill -1 spares the caller
+# and the namespace's init), then empty /work, directories the model made read-only included.
+RESET = (
+    "kill -9 -1 2>/dev/null; chmod -R u+rwX /work 2>/dev/null; "
+    'find /work -mindepth 1 -delete && [ -z "$(ls -A /work)" ]'
+)
+
+
+def container_cli() -> list[str]:
+    """The container CLI's argv: RETRO_CONTAINER_CLI (split as a shell would); else docker
+    when DOCKER_HOST names a daemon; else podman, else docker."""
+    override = os.environ.get(CLI_VARIABLE, "").strip()
+    if override:
+        return shlex.split(override)
+    names = ("docker", "podman") if os.environ.get("DOCKER_HOST") else ("podman", "docker")
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return [path]
+    raise EnvironmentFailure(
+        "no container CLI: install podman or docker (scripts/agent-image.sh installs podman), "
+        f"or name one in {CLI_VARIABLE}"
+    )
+
+
+def _cli(cli: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(
+            [*cli, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_SECS
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EnvironmentFailure(f"`{shlex.join([*cli, args[0]])}` failed: {err}") from None
+    if check and done.returncode != 0:
+        why = done.stderr.strip() or f"exit code {done.returncode}"
+        raise EnvironmentFailure(f"`{shlex.join([*cli, *args[:2]])} ...` failed: {why}")
+    return done
+
+
+# -- who made a container ---------------------------------------------------------------
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot), which tells a reused pid apart."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19]  # field 22 of stat(5); fields[0] is field 3
+
+
+def _owner_labels() -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        HOST_LABEL: socket.gethostname(),
+        PID_LABEL: str(pid),
+        START_LABEL: _process_start(pid) or "",
+    }
+
+
+def _creator_dead(host: str, pid: str, start: str) -> bool:
+    """True only for a creator on this host that is gone (or whose pid now names another
+    process); a container made elsewhere is not ours to judge."""
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    now = _process_start(int(pid))
+    return now is None or (start != "" and now != start)
+
+
+def is_podman(cli: list[str]) -> bool:
+    """Podman, under its name or as docker (podman-docker): it says so in --version."""
+    return "podman" in _cli(cli, "--version", check=False).stdout.lower()
+
+
+def _remove(cli: list[str], ids: list[str]) -> None:
+    if ids:
+        _cli(cli, "rm", "-f", *ids, check=False)
+
+
+def _labelled(cli: list[str], label: str) -> list[str]:
+    return _cli(cli, "ps", "-aq", "--filter", f"label={label}").stdout.split()
+
+
+def reap_stale(cli: list[str] | None = None) -> list[str]:
+    """Remove the containers of pools whose creating process died (a crash, a kill -9):
+    every container labelled retrograd.pool made on this host by a process that is gone.
+    Returns their ids."""
+    cli = cli or container_cli()
+    ids = _labelled(cli, POOL_LABEL)
+    if not ids:
+        return []
+    fmt = " ".join(
+        ["{{.Id}}"] + [f'{{{{index .Config.Labels "{k}"}}}}|' for k in (HOST_LABEL, PID_LABEL)]
+    )
+    fmt += f' {{{{index .Config.Labels "{START_LABEL}"}}}}|'
+    # A container may vanish between ps and inspect: read what inspect could answer.
+    out = _cli(cli, "inspect", "--format", fmt, *ids, check=False).stdout
+    stale = []
+    for line in out.splitlines():
+        parts = line.split(maxsplit=1)
+        if len(parts) == 2:
+            host, pid, start = (part.strip() for part in parts[1].split("|")[:3])
+            if _creator_dead(host, pid, start):
+                stale.append(parts[0])
+    _remove(cli, stale)
+    return stale
+
+
+# -- how a container starts --------------------------------------------------------------
+
+
+def _engine_sockets() -> list[str]:
+    sockets = list(ENGINE_SOCKETS)
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        sockets.append(host[len("unix://") :])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        sockets.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "podman", "podman.sock"))
+    # As written and resolved: /var holds /var/run/docker.sock even where /var/run -> /run.
+    return sorted({*sockets, *(os.path.realpath(s) for s in sockets)})
+
+
+def _exposes_engine(source: str) -> bool:
+    """A bind source that is a socket, or is or holds a container engine's socket."""
+    if not source.startswith("/"):
+        return False  # a named volume
+    path = os.path.realpath(source)
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            return True
+    except OSError:
+        pass
+    prefix = path.rstrip("/") + "/"
+    return any(s == path or s.startswith(prefix) for s in _engine_sockets())
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """How every container of a pool starts; `check()` refuses what would weaken it."""
+
+    image: str
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    pids: int = 256
+    exec_timeout_secs: float = 30.0
+    max_output_bytes: int = 65536
+    allow_network: bool = False
+    cache_volume: str | None = None
+    cache_dir: str | None = None
+    cache_variable: str | None = None
+    user: str = USER
+    # NOTE: without a user namespace nproc counts every uid-1000 process of the host, so it
+    # must leave room for all of a pool's containers; the pids limit is the per-container cap.
+    nproc: int = 2048
+    nofile: int = 1024
+
+    @classmethod
+    def from_section(cls, section: agent_config.ContainerEnvironment) -> ContainerSpec:
+        where = "[agent.environment]"
+        image, cache_dir, variable = PROFILES.get(section.profile, (None, None, None))
+        image = section.image or image
+        if image is None:
+            raise ConfigError(f'{where}.image: required with profile = "custom"')
+        if section.cache_volume and cache_dir is None:
+            raise ConfigError(
+                f"{where}.cache_volume: profile {section.profile!r} has no package cache "
+                "(python or typescript have one)"
+            )
+        limits = section.limits
+        spec = cls(
+            image=image,
+            cpus=limits.cpus,
+            memory_mb=limits.memory_mb,
+            pids=limits.pids,
+            exec_timeout_secs=limits.exec_timeout_secs,
+            max_output_bytes=limits.max_output_bytes,
+            allow_network=section.allow_network,
+            cache_volume=section.cache_volume,
+            cache_dir=cache_dir if section.cache_volume else None,
+            cache_variable=variable if section.cache_volume else None,
+            nproc=max(1024, limits.pids * section.pool.max_live),
+        )
+        spec.check(f"{where}.cache_volume")
+        return spec
+
+    def check(self, where: str = "cache_volume") -> None:
+        """Refuse a root user and any mount of a container engine's socket."""
+        uid, _, gid = self.user.partition(":")
+        if not uid.isdigit() or int(uid) == 0 or (gid and (not gid.isdigit() or int(gid) == 0)):
+            raise ConfigError(
+                f"container user {self.user!r}: containers run as a non-root numeric "
+                "uid:gid (1000:1000), never as root"
+            )
+        if self.cache_volume is None:
+            return
+        if ":" in self.cache_volume:
+            raise ConfigError(
+                f"{where} = {self.cache_volume!r}: a volume name or a host directory, without "
+                "a target or options (it is mounted read-only on the profile's cache)"
+            )
+        if _exposes_engine(self.cache_volume):
+            raise ConfigError(
+                f"{where} = {self.cache_volume!r}: refused, it exposes the container engine's "
+                "socket (docker.sock), which is root on the host"
+            )
+        if self.cache_dir is None:
+            raise ConfigError(f"{where}: a cache volume needs the profile's cache directory")
+
+    def run_args(self, labels: dict[str, str], podman: bool = False) -> list[str]:
+        """`run` arguments of a detached, idle container (what `exec` then runs in)."""
+        self.check()
+        mb = self.memory_mb
+        args = ["run", "-d", "--rm", "--stop-timeout", "0"]
+        if podman:  # with --read-only podman adds writable tmpfs on /tmp, /var/tmp and /run
+            args.append("--read-only-tmpfs=false")
+        if not self.allow_network:
+            args += ["--network", "none"]
+        args += [
+            "--read-only",
+            "--tmpfs",
+            f"{WORKDIR}:rw,exec,size={mb}m,mode=1777",  # counts against --memory anyway
+            "--user",
+            self.user,
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            f"--memory={mb}m",
+            f"--memory-swap={mb}m",
+            f"--cpus={self.cpus:g}",
+            f"--pids-limit={self.pids}",
+            # The engine's default rlimits cannot always be applied (no CAP_SYS_RESOURCE).
+            "--ulimit",
+            f"nofile={self.nofile}:{self.nofile}",
+            "--ulimit",
+            f"nproc={self.nproc}:{self.nproc}",
+            "-w",
+            WORKDIR,
+            "-e",
+            f"HOME={WORKDIR}",  # the only writable place
+        ]
+        if self.cache_volume:
+            args += ["-v", f"{self.cache_volume}:{self.cache_dir}:ro"]
+            args += ["-e", f"{self.cache_variable}={self.cache_dir}"]
+        for key in sorted(labels):
+            args += ["--label", f"{key}={labels[key]}"]
+        return [*args, "--entrypoint", "sh", self.image, "-c", IDLE]
+
+
+# -- one container ------------------------------------------------------------------------
+
+
+class ContainerSandbox(Sandbox):
+    """A live container; `exec` runs one command at a time in /work as uid 1000."""
+
+    workdir = WORKDIR
+
+    def __init__(self, cli: list[str], cid: str, spec: ContainerSpec, on_close=None) -> None:
+        self.cli = cli
+        self.id = cid
+        self.spec = spec
+        self.leases = 0
+        self.commands = 0
+        self.closed = False
+        self._on_close = on_close
+
+    def exec(
+        self, argv: list[str], stdin: bytes | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        if self.closed:
+            raise EnvironmentFailure("the container sandbox is closed")
+        if not argv:
+            raise ValueError("exec needs a command")
+        secs = self.spec.exec_timeout_secs if timeout is None else timeout
+        self.commands += 1  # the mark is a count, so an `env` listing stays deterministic
+        mark = f"{MARK}={self.commands}"
+        cmd = [*self.cli, "exec", "-i", "-w", WORKDIR, "-e", mark, self.id, "sh", "-c", WRAPPER]
+        cmd += ["sh", f"{secs:.3f}", str(self.commands), *argv]
+        started = time.monotonic()
+        code, out, err, truncated = _run_capped(
+            cmd, stdin or b"", self.spec.max_output_bytes, secs + GRACE_SECS
+        )
+        elapsed = time.monotonic() - started
+        if code is None or code == 125:  # the CLI hung, or the engine refused the exec
+            if not self.alive():
+                raise EnvironmentFailure(f"container {self.id[:12]} is gone")
+            if code is None:
+                return ExecResult(None, out, err, timed_out=True, truncated=truncated)
+        # `timeout -s KILL` exits 137 when the deadline killed the command. NOTE: a shell
+        # reports a death by signal N as 128 + N; so does this sandbox, as exit_code None.
+        timed_out = code == 137 and elapsed >= secs
+        exit_code = None if timed_out or code > 128 else code
+        return ExecResult(exit_code, out, err, timed_out=timed_out, truncated=truncated)
+
+    def alive(self) -> bool:
+        done = _cli(self.cli, "inspect", "--format", "{{.State.Running}}", self.id, check=False)
+        return done.returncode == 0 and done.stdout.strip() == "true"
+
+    def reset(self) -> bool:
+        """Kill every process but the idle one and empty /work; False when that failed."""
+        self.commands = 0
+        # Not through the wrapper, which kill -1 would kill too.
+        try:
+            done = _cli(self.cli, "exec", self.id, "sh", "-c", RESET, check=False)
+        except EnvironmentFailure:
+            return False
+        return done.returncode == 0
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _remove(self.cli, [self.id])
+        if self._on_close is not None:
+            self._on_close(self)
+
+
+def _run_capped(
+    cmd: list[str], data: bytes, cap: int, limit: float
+) -> tuple[int | None, bytes, bytes, bool]:
+    """Run the CLI, feed stdin, keep at most `cap` bytes of stdout + stderr (reading on past
+    it) and kill the CLI after `limit` seconds: (exit code or None when killed, stdout,
+    stderr, truncated)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE if data else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    kept, truncated, sent = 0, False, 0
+    deadline = time.monotonic() + limit
+    with selectors.DefaultSelector() as sel:
+        for fd in out:
+            sel.register(fd, selectors.EVENT_READ)
+        if data:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+        open_streams = len(out)
+        while open_streams:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                proc.kill()
+                break
+            for key, _ in sel.select(remaining):
+                if key.fd in out:
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        open_streams -= 1
+                        continue
+                    room = max(cap - kept, 0)
+                    out[key.fd] += chunk[:room]
+                    kept += min(room, len(chunk))
+                    truncated = truncated or len(chunk) > room
+                    continue
+                try:
+                    sent += os.write(key.fd, data[sent:])
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    sent = len(data)  # it stopped reading; its output says why
+                if sent >= len(data):
+                    sel.unregister(key.fd)
+                    proc.stdin.close()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None and not pipe.closed:
+            pipe.close()
+    try:
+        code = proc.wait(max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = None
+    if code is not None and code < 0:
+        code = None  # the CLI itself was killed
+    stdout, stderr = (bytes(b) for b in out.values())
+    return code, stdout, stderr, truncated
+
+
+# -- the pool -----------------------------------------------------------------------------
+
+
+def _remove_pool(cli: list[str], pool_id: str) -> None:
+    """Remove every container of a pool (close, and at exit whatever close missed)."""
+    try:
+        _remove(cli, _labelled(cli, f"{POOL_LABEL}={pool_id}"))
+    except EnvironmentFailure:
+        pass  # the engine is gone at exit; the next pool's reaper removes them
+
+
+class ContainerPool(SandboxPool):
+    """Containers of one spec, at most `max_live` alive, `min_idle` kept started ahead.
+
+    reuse = "never": a container serves one lease and is removed. reuse = "workspace": after a
+    lease its processes are killed and /work emptied, and it serves up to
+    max_leases_per_container leases. `acquire` blocks while max_live containers are leased.
+    Creating a pool reaps stale containers first; close() (or, failing that, the end of the
+    process) removes all of this pool's containers.
+    """
+
+    def __init__(
+        self,
+        spec: ContainerSpec,
+        settings: agent_config.ContainerPool | None = None,
+        cli: list[str] | None = None,
+    ) -> None:
+        spec.check()
+        self.spec = spec
+        self.settings = settings or agent_config.ContainerPool()
+        self.cli = cli or container_cli()
+        self.podman = is_podman(self.cli)
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._cond = threading.Condition()
+        self._idle: list[ContainerSandbox] = []
+        self._live: dict[str, ContainerSandbox] = {}
+        self._starting = 0
+        self._user_checked = False
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _remove_pool, self.cli, self.id)
+        reap_stale(self.cli)
+        self.warm()
+
+    @property
+    def live(self) -> int:
+        """Containers alive now, idle or leased."""
+        with self._cond:
+            return len(self._live)
+
+    def acquire(self) -> ContainerSandbox:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise EnvironmentFailure("the container pool is closed")
+                if self._idle:
+                    box = self._idle.pop(0)
+                    box.leases += 1
+                    self._warm_soon()
+                    return box
+                if len(self._live) + self._starting < self.settings.max_live:
+                    self._starting += 1
+                    break
+                self._cond.wait()
+        box = self._start()
+        box.leases = 1
+        return box
+
+    def release(self, sandbox: Sandbox) -> None:
+        assert isinstance(sandbox, ContainerSandbox), sandbox
+        if sandbox.closed:
+            return
+        keep = (
+            self.settings.reuse == "workspace"
+            and sandbox.leases < self.settings.max_leases_per_container
+            and not self._closed
+            and sandbox.reset()
+        )
+        if keep:
+            with self._cond:
+                self._idle.append(sandbox)
+                self._cond.notify()
+        else:
+            sandbox.close()
+            self._warm_soon()
+
+    def _warm_soon(self) -> None:
+        """warm() in the background (a failure there shows at the next cold start)."""
+        if self.settings.min_idle > len(self._idle) and not self._closed:
+            threading.Thread(target=self._warm_quietly, daemon=True).start()
+
+    def _warm_quietly(self) -> None:
+        try:
+            self.warm()
+        except EnvironmentFailure:
+            pass
+
+    def warm(self) -> None:
+        """Start containers until min_idle are idle (as far as max_live allows), in parallel:
+        at start, and in the background after a lease or a removal."""
+        with self._cond:
+            want = self.settings.min_idle - len(self._idle)
+            room = self.settings.max_live - len(self._live) - self._starting
+            count = max(min(want, room), 0) if not self._closed else 0
+            self._starting += count
+        errors: list[EnvironmentFailure] = []
+
+        def start() -> None:
+            try:
+                box = self._start()
+            except EnvironmentFailure as err:
+                errors.append(err)
+                return
+            with self._cond:
+                self._idle.append(box)
+                self._cond.notify()
+
+        threads = [threading.Thread(target=start) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _start(self) -> ContainerSandbox:
+        """One new container; the caller has counted it in _starting."""
+        labels = {POOL_LABEL: self.id, **_owner_labels()}
+        try:
+            done = _cli(self.cli, *self.spec.run_args(labels, self.podman), check=False)
+            if done.returncode != 0:
+                raise EnvironmentFailure(
+                    f"cannot start a container of {self.spec.image}: "
+                    + (done.stderr.strip() or f"exit code {done.returncode}")
+                )
+            box = ContainerSandbox(self.cli, done.stdout.split()[-1], self.spec, self._forget)
+            with self._cond:
+                self._live[box.id] = box
+                closed = self._closed
+            if closed:
+                box.close()
+                raise EnvironmentFailure("the container pool is closed")
+            self._check_user(box)
+            return box
+        finally:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify_all()
+
+    def _check_user(self, box: ContainerSandbox) -> None:
+        """Once per pool: the image really runs its commands as a non-root user."""
+        if self._user_checked:
+            return
+        result = box.exec(["id", "-u"], timeout=30.0)
+        uid = result.stdout.decode(errors="replace").strip()
+        if not result.ok or not uid.isdigit() or int(uid) == 0:
+            box.close()
+            raise EnvironmentFailure(
+                f"image {self.spec.image}: `id -u` printed {uid or 'nothing'!r} as uid "
+                f"{self.spec.user}; containers must run as a non-root user"
+            )
+        self._user_checked = True
+        box.commands = 0
+
+    def _forget(self, box: ContainerSandbox) -> None:
+        with self._cond:
+            self._live.pop(box.id, None)
+            if box in self._idle:
+                self._idle.remove(box)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Remove every container of this pool (idempotent)."""
+        with self._cond:
+            self._closed = True
+            boxes = list(self._live.values())
+            self._idle.clear()
+            self._cond.notify_all()
+        for box in boxes:
+            box.closed = True
+        _remove(self.cli, [box.id for box in boxes])
+        with self._cond:
+            self._live.clear()
+        self._finalizer()  # by label: what a start in flight may have added
+
+
+def container_environment(
+    section: agent_config.ContainerEnvironment, run_dir: Path
+) -> SandboxEnvironment:
+    """[agent.environment] type = "container" made live. `run_dir` is the run file's folder,
+    against which tool definition files and inline exec scripts resolve."""
+    catalog = load_catalog(section.tools, Path(run_dir))
+    pool = ContainerPool(ContainerSpec.from_section(section), section.pool)
+    return SandboxEnvironment(
+        pool,
+        catalog,
+        setup_timeout_secs=section.setup_timeout_secs,
+        verify_timeout_secs=section.verify_timeout_secs,
+    )
