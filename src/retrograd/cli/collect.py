@@ -25,6 +25,7 @@ from retrograd.cli.common import DEVICE_HELP
 from retrograd.errors import ConfigError
 
 PLACEHOLDER_MODEL = "(no model: not loaded)"
+API_RETRIES = 2  # transient endpoint errors, after 1 s then 2 s ([agent.collect_api] has no key)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -213,10 +214,10 @@ def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path |
     if api is None:
         raise ConfigError("--api: the run file has no [agent.collect_api] table")
     key = api_key(api.api_key_env, "[agent.collect_api]")  # before any request
-    endpoint = ChatEndpoint(
-        api.base_url, api.model, key, api.timeout_secs, where="[agent.collect_api]"
-    )
     environment = build_environment(cfg, run_dir, scenarios)
+    endpoint = ChatEndpoint(
+        api.base_url, api.model, key, api.timeout_secs, API_RETRIES, where="[agent.collect_api]"
+    )
     try:
         groups = api_groups(
             endpoint,

@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(
             f"{where}: {gen.model} gave no valid scenario in {result.requests} requests"
         )
+    if len(result.scenarios) < gen.count:
+        print(
+            f"warning: {len(result.scenarios)} valid scenarios of the {gen.count} asked "
+            f"after {result.requests} requests",
+            file=sys.stderr,
+        )
     write_scenarios(path, result.scenarios, prompt, gen, seed)
     print(
         f"wrote {path} and its manifest: {len(result.scenarios)} scenarios of {gen.count} asked, "
