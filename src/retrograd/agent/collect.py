@@ -87,6 +87,7 @@ class CollectStats:
     no_pair: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NO_PAIR, 0))
     scenarios: list[ScenarioStats] = field(default_factory=list)
     interrupted: bool = False
+    first_unexportable: str | None = None  # why the first unexportable record was refused
 
     def as_json(self) -> dict[str, Any]:
         """The --report document."""
@@ -111,6 +112,8 @@ class CollectStats:
         ]
         rejected = ", ".join(f"{k} {v}" for k, v in self.rejected.items() if v)
         lines.append(f"rejected: {rejected or 'none'}")
+        if self.first_unexportable:
+            lines.append(f"first unexportable: {self.first_unexportable}")
         if self.pairs:
             missing = ", ".join(f"{k} {v}" for k, v in self.no_pair.items() if v)
             lines.append(f"scenarios without a pair: {missing or 'none'}")
@@ -196,15 +199,16 @@ def tool_record(t: Trajectory, raw: bool, pass_rate: float) -> dict[str, Any]:
     }
 
 
-def exportable(record: dict, where: str, check: Check | None) -> bool:
-    """Whether SFT can read the record: the record rules, then the optional chat check."""
+def unexportable(record: dict, where: str, check: Check | None) -> str | None:
+    """Why SFT could not read the record (the record rules, then the optional chat check), or
+    None when it can."""
     try:
         validate_record(record, where, require_assistant=True)
         if check is not None:
             check(record)
-    except RetrogradError:
-        return False
-    return True
+    except RetrogradError as e:
+        return str(e)
+    return None
 
 
 def chat_check(chat) -> Check:
@@ -213,7 +217,8 @@ def chat_check(chat) -> Check:
     rendering to exactly the calls it declares."""
 
     def check(record: dict) -> None:
-        where = "collected record"
+        md = record.get("metadata") or {}
+        where = f"scenario {md.get('scenario_id')} member {md.get('member')}"
         messages, tools = validate_record(record, where, chat.tool_format, require_assistant=True)
         chat.encode(messages, tools or None)
         for i, m in enumerate(messages):
@@ -260,8 +265,7 @@ def select_traces(
             stats.rejected["over_keep"] += 1
             continue
         record = tool_record(t, opts.raw, sc.pass_rate)
-        if not exportable(record, f"{t.scenario.id} member {t.member}", check):
-            stats.rejected["unexportable"] += 1
+        if not _writable(t, record, check, stats):
             continue
         seen.add(fp)
         out.append(record)
@@ -276,7 +280,9 @@ def select_pair(
     """The preference pair of one scenario, or None (counted in stats.no_pair)."""
     sc = _scenario_stats(group, opts, stats)
     passing = sorted((t for t in group if rejection(t, opts) is None), key=rank)
-    chosen = next((t for t in passing if _writable(t, opts, check, stats)), None)
+    chosen = next(
+        (t for t in passing if _writable(t, tool_record(t, opts.raw, 0.0), check, stats)), None
+    )
     if chosen is None:
         stats.no_pair["no_passing"] += 1
         return None
@@ -284,8 +290,11 @@ def select_pair(
     fp = fingerprint(chosen)
     pair = None
     for rejected in sorted(complete, key=rank, reverse=True):  # the worst first
-        if fingerprint(rejected) == fp or not _writable(rejected, opts, check, stats):
+        if fingerprint(rejected) == fp:
             continue
+        record = tool_record(rejected, opts.raw, 0.0)
+        if unexportable(record, _where(rejected), check) is not None:
+            continue  # not counted: it is not a trace the filters passed
         pair = _pair(chosen, rejected, opts, sc.pass_rate)
         if pair is not None:
             break
@@ -313,11 +322,18 @@ def _scenario_stats(group: list[Trajectory], opts: CollectOptions, stats: Collec
     return sc
 
 
-def _writable(t: Trajectory, opts: CollectOptions, check: Check | None, stats) -> bool:
-    ok = exportable(tool_record(t, opts.raw, 0.0), f"{t.scenario.id} member {t.member}", check)
-    if not ok:
+def _writable(t: Trajectory, record: dict, check: Check | None, stats: CollectStats) -> bool:
+    """Whether a passing trace's record can be written; counted (and the first reason kept)
+    when it cannot."""
+    why = unexportable(record, _where(t), check)
+    if why is not None:
         stats.rejected["unexportable"] += 1
-    return ok
+        stats.first_unexportable = stats.first_unexportable or why
+    return why is None
+
+
+def _where(t: Trajectory) -> str:
+    return f"scenario {t.scenario.id} member {t.member}"
 
 
 def _pair(chosen: Trajectory, rejected: Trajectory, opts, pass_rate: float) -> dict | None:

@@ -183,6 +183,10 @@ def test_unexportable_records_leave_their_place_to_the_next(chat):
     stats = CollectStats()
     [record] = select_traces([broken, good], CollectOptions(), stats)
     assert record["metadata"]["member"] == 1 and stats.rejected["unexportable"] == 1
+    assert (
+        "first unexportable: scenario count-3 member 0: message 1: tool_calls[0]: the record calls 'add' but declares no"
+        in stats.summary()
+    )
     # raw turns whose text the student's parser cannot read the calls back from
     garbled = trace(2, reward=2.0)
     for turn in garbled.turns:
@@ -191,6 +195,7 @@ def test_unexportable_records_leave_their_place_to_the_next(chat):
     opts = CollectOptions(raw=True)
     [record] = select_traces([garbled, trace(3, adds=(2, 1))], opts, stats, chat_check(chat))
     assert record["metadata"]["member"] == 3 and stats.rejected["unexportable"] == 1
+    assert "raw turn" in stats.first_unexportable and "member 2" in stats.first_unexportable
 
 
 def test_records_are_read_back_by_the_sft_reader(tmp_path, chat):
@@ -316,3 +321,16 @@ def test_outputs_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="exists; pass --force"):
         check_outputs(out, False, None, {})
     check_outputs(out, True, None, {})
+
+
+def test_structured_turns_must_parse_back_to_their_calls(chat):
+    """Prose that holds call markup would be read back as one more call by the student's
+    parser: such a record is unexportable with the chat check, writable without it."""
+    t = trace(0, reward=2.0)
+    t.messages[1]["content"] = 'Like <tool_call>{"name": "done", "arguments": {}}</tool_call>.'
+    stats = CollectStats()
+    [record] = select_traces([t, trace(1, adds=(2, 1))], CollectOptions(), stats, chat_check(chat))
+    assert record["metadata"]["member"] == 1
+    assert "the hermes parser reads ['done', 'add'] back" in stats.first_unexportable
+    [record] = select_traces([t], CollectOptions(), CollectStats())
+    assert record["metadata"]["member"] == 0
