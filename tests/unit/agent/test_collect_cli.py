@@ -257,3 +257,20 @@ api_key_env = "{KEY_ENV}"
     assert record["messages"][-1]["role"] == "tool" and record["messages"][-1]["name"] == "submit"
     data = json.loads(report.read_text())
     assert data["rejected"]["unverified"] == 1 and data["scenarios"][0]["passed"] == 1
+
+
+def test_an_interrupted_collection_keeps_the_tmp_and_reports_it(tmp_path, capsys):
+    from retrograd.agent.collect import CollectOptions
+    from retrograd.cli import collect as cli
+    from tests.unit.agent.test_collect import trace
+
+    def groups():
+        yield [trace(0)]
+        raise KeyboardInterrupt
+
+    out, report = tmp_path / "t.jsonl", tmp_path / "r.json"
+    assert cli._write(groups(), CollectOptions(), None, out, report) == 130
+    assert not out.exists() and len((tmp_path / "t.jsonl.tmp").read_text().splitlines()) == 1
+    assert json.loads(report.read_text())["interrupted"] is True
+    err = capsys.readouterr().err
+    assert "t.jsonl.tmp holds the 1 records kept" in err
