@@ -111,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
         min_gap=0.5 if args.min_gap is None else args.min_gap,
     )
     seed = cfg.agent.seed if args.seed is None else args.seed
+    run_dir = Path(args.config).resolve().parent  # tool definitions resolve against it
     if args.api:
-        run_dir = Path(args.config).resolve().parent
         return _api(cfg, run_dir, scenarios, k, seed, opts, out, report)
-    return _local(cfg, list(file.scenarios), k, seed, args.limit, opts, out, report)
+    return _local(cfg, run_dir, list(file.scenarios), k, seed, args.limit, opts, out, report)
 
 
 def load_agent_run(config: str, model=None, device=None, need_model: bool = True):
@@ -233,7 +233,9 @@ def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path |
         endpoint.close()
 
 
-def _local(cfg, scenarios, k, seed, limit, opts, out: Path, report: Path | None) -> int:
+def _local(
+    cfg, run_dir: Path, scenarios, k, seed, limit, opts, out: Path, report: Path | None
+) -> int:
     try:
         from retrograd.algorithms.agent_grpo import collect_groups
     except ImportError:
@@ -245,7 +247,7 @@ def _local(cfg, scenarios, k, seed, limit, opts, out: Path, report: Path | None)
     from retrograd.agent.collect import chat_check
 
     check = chat_check(_chat_format(cfg.model.path))
-    groups = collect_groups(cfg, cfg.model.path, scenarios, k, seed, limit)
+    groups = collect_groups(cfg, cfg.model.path, scenarios, k, seed, limit, run_dir=run_dir)
     return _write(groups, opts, check, out, report)
 
 
