@@ -42,10 +42,11 @@ USER = "1000:1000"
 POOL_LABEL = "retrograd.pool"
 HOST_LABEL, PID_LABEL, START_LABEL = "retrograd.host", "retrograd.pid", "retrograd.pid_start"
 MARK = "RETROGRAD_EXEC"  # set on each command, so its whole process tree can be found
-# profile -> (image, package cache directory, the variable that points the tool at it)
+# profile -> (image, where cache_volume is mounted). NOTE: the mount is read-only, which pip
+# refuses as its own cache (PIP_CACHE_DIR): setup commands read it as a wheelhouse instead.
 PROFILES = {
-    "python": ("python:3.12-slim", "/opt/cache/pip", "PIP_CACHE_DIR"),
-    "typescript": ("node:22-slim", "/opt/cache/npm", "npm_config_cache"),
+    "python": ("python:3.12-slim", "/opt/cache/pip"),
+    "typescript": ("node:22-slim", "/opt/cache/npm"),
 }
 ENGINE_SOCKETS = (
     "/var/run/docker.sock",
@@ -55,6 +56,7 @@ ENGINE_SOCKETS = (
 )
 GRACE_SECS = 15.0  # how long `<cli> exec` may run past the command's own timeout
 CLI_TIMEOUT_SECS = 120.0  # run, rm, ps, inspect
+ACQUIRE_TIMEOUT_SECS = 600.0  # waiting for a free container, rather than deadlocking
 _CHUNK = 1 << 16
 
 # Runs every command: `timeout` kills it at the deadline, then every process that inherited
@@ -224,7 +226,6 @@ class ContainerSpec:
     allow_network: bool = False
     cache_volume: str | None = None
     cache_dir: str | None = None
-    cache_variable: str | None = None
     user: str = USER
     # NOTE: without a user namespace nproc counts every uid-1000 process of the host, so it
     # must leave room for all of a pool's containers; the pids limit is the per-container cap.
@@ -234,7 +235,7 @@ class ContainerSpec:
     @classmethod
     def from_section(cls, section: agent_config.ContainerEnvironment) -> ContainerSpec:
         where = "[agent.environment]"
-        image, cache_dir, variable = PROFILES.get(section.profile, (None, None, None))
+        image, cache_dir = PROFILES.get(section.profile, (None, None))
         image = section.image or image
         if image is None:
             raise ConfigError(f'{where}.image: required with profile = "custom"')
@@ -254,7 +255,6 @@ class ContainerSpec:
             allow_network=section.allow_network,
             cache_volume=section.cache_volume,
             cache_dir=cache_dir if section.cache_volume else None,
-            cache_variable=variable if section.cache_volume else None,
             nproc=max(1024, limits.pids * section.pool.max_live),
         )
         spec.check(f"{where}.cache_volume")
@@ -318,7 +318,6 @@ class ContainerSpec:
         ]
         if self.cache_volume:
             args += ["-v", f"{self.cache_volume}:{self.cache_dir}:ro"]
-            args += ["-e", f"{self.cache_variable}={self.cache_dir}"]
         for key in sorted(labels):
             args += ["--label", f"{key}={labels[key]}"]
         return [*args, "--entrypoint", "sh", self.image, "-c", IDLE]
@@ -481,8 +480,10 @@ class ContainerPool(SandboxPool):
         spec: ContainerSpec,
         settings: agent_config.ContainerPool | None = None,
         cli: list[str] | None = None,
+        acquire_timeout_secs: float = ACQUIRE_TIMEOUT_SECS,
     ) -> None:
         spec.check()
+        self.acquire_timeout_secs = acquire_timeout_secs
         self.spec = spec
         self.settings = settings or agent_config.ContainerPool()
         self.cli = cli or container_cli()
@@ -505,6 +506,7 @@ class ContainerPool(SandboxPool):
             return len(self._live)
 
     def acquire(self) -> ContainerSandbox:
+        deadline = time.monotonic() + self.acquire_timeout_secs
         with self._cond:
             while True:
                 if self._closed:
@@ -517,7 +519,13 @@ class ContainerPool(SandboxPool):
                 if len(self._live) + self._starting < self.settings.max_live:
                     self._starting += 1
                     break
-                self._cond.wait()
+                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
+                    raise EnvironmentFailure(
+                        f"no container free after {self.acquire_timeout_secs:g} s: all "
+                        f"[agent.environment.pool].max_live = {self.settings.max_live} are "
+                        "leased (a rollout holds the containers of all its trajectories at "
+                        "once: make max_live at least scenarios_per_update x group_size)"
+                    )
         box = self._start()
         box.leases = 1
         return box

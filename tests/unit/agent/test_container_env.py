@@ -33,7 +33,7 @@ from retrograd.agent.scenarios import parse_scenario
 from retrograd.agent.types import Observation, Verification
 from retrograd.config.agent import ContainerEnvironment
 from retrograd.config.agent import ContainerPool as PoolSettings
-from retrograd.errors import ConfigError
+from retrograd.errors import ConfigError, EnvironmentFailure
 
 pytestmark = pytest.mark.slow
 
@@ -184,6 +184,18 @@ def test_memory_and_process_limits(pool):
     assert b"fork" in forks.stderr.lower() or b"resource" in forks.stderr.lower(), forks
 
 
+def test_the_cache_volume_is_mounted_read_only(pool, tmp_path):
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    (cache / "pkg-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    sandbox = pool(cache_volume=str(cache), cache_dir="/opt/cache/pip").acquire()
+    read = sandbox.exec(["cat", "/opt/cache/pip/pkg-1.0-py3-none-any.whl"])
+    assert read.ok and read.stdout == b"wheel"
+    write = sandbox.exec(["touch", "/opt/cache/pip/new"])
+    assert write.exit_code == 1 and b"Read-only file system" in write.stderr
+    assert sorted(p.name for p in cache.iterdir()) == ["pkg-1.0-py3-none-any.whl"]
+
+
 def test_reuse_workspace_empties_work_between_leases(cli, pool):
     p = pool(PoolSettings(reuse="workspace", max_leases_per_container=2))
     first = p.acquire()
@@ -225,6 +237,9 @@ def test_max_live_blocks_acquire_until_a_release(pool):
     waiter.join(30)
     assert not waiter.is_alive() and got and got[0].id not in (one.id, two.id)
     assert p.live == 2
+    p.acquire_timeout_secs = 0.5  # a rollout holding more than max_live fails, never hangs
+    with pytest.raises(EnvironmentFailure, match="max_live = 2 are leased"):
+        p.acquire()
 
 
 def test_close_leaves_no_container_behind(cli, pool):
@@ -317,7 +332,7 @@ def test_run_arguments_follow_the_section():
         "--security-opt no-new-privileges",
         "--memory=300m --memory-swap=300m --cpus=0.5 --pids-limit=40",
         "--ulimit nofile=1024:1024 --ulimit nproc=1024:1024",
-        "-v pip-cache:/opt/cache/pip:ro -e PIP_CACHE_DIR=/opt/cache/pip",
+        "-v pip-cache:/opt/cache/pip:ro --label",
         f"--label {POOL_LABEL}=p1",
     ):
         assert part in joined, part
