@@ -71,10 +71,10 @@ rc=$?
 for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     [ "$pid" = $$ ] && continue
-    grep -qxz "RETROGRAD_EXEC=$m" "$p/environ" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+    grep -qxz "@MARK@=$m" "$p/environ" 2>/dev/null && kill -9 "$pid" 2>/dev/null
 done
 exit $rc
-"""
+""".replace("@MARK@", MARK)
 # pid 1 of every container: idles, and reaps the orphans a command leaves (its `wait` takes
 # any child), which would otherwise stay zombies and count against the pids limit.
 IDLE = "while :; do sleep 3600 & wait; done"
@@ -168,19 +168,15 @@ def reap_stale(cli: list[str] | None = None) -> list[str]:
     ids = _labelled(cli, POOL_LABEL)
     if not ids:
         return []
-    fmt = " ".join(
-        ["{{.Id}}"] + [f'{{{{index .Config.Labels "{k}"}}}}|' for k in (HOST_LABEL, PID_LABEL)]
-    )
-    fmt += f' {{{{index .Config.Labels "{START_LABEL}"}}}}|'
+    keys = (HOST_LABEL, PID_LABEL, START_LABEL)
+    fmt = "{{.Id}}" + "".join(f'|{{{{index .Config.Labels "{k}"}}}}' for k in keys)
     # A container may vanish between ps and inspect: read what inspect could answer.
     out = _cli(cli, "inspect", "--format", fmt, *ids, check=False).stdout
     stale = []
     for line in out.splitlines():
-        parts = line.split(maxsplit=1)
-        if len(parts) == 2:
-            host, pid, start = (part.strip() for part in parts[1].split("|")[:3])
-            if _creator_dead(host, pid, start):
-                stale.append(parts[0])
+        fields = line.strip().split("|")
+        if len(fields) == 4 and _creator_dead(*fields[1:]):
+            stale.append(fields[0])
     _remove(cli, stale)
     return stale
 
@@ -286,40 +282,30 @@ class ContainerSpec:
     def run_args(self, labels: dict[str, str], podman: bool = False) -> list[str]:
         """`run` arguments of a detached, idle container (what `exec` then runs in)."""
         self.check()
-        mb = self.memory_mb
-        args = ["run", "-d", "--rm", "--stop-timeout", "0"]
+        mb, nofile, nproc = self.memory_mb, self.nofile, self.nproc
+        args = ["run", "--detach", "--rm", "--stop-timeout=0", "--read-only"]
         if podman:  # with --read-only podman adds writable tmpfs on /tmp, /var/tmp and /run
             args.append("--read-only-tmpfs=false")
         if not self.allow_network:
-            args += ["--network", "none"]
+            args.append("--network=none")
         args += [
-            "--read-only",
-            "--tmpfs",
-            f"{WORKDIR}:rw,exec,size={mb}m,mode=1777",  # counts against --memory anyway
-            "--user",
-            self.user,
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
+            f"--tmpfs={WORKDIR}:rw,exec,size={mb}m,mode=1777",  # counts against --memory anyway
+            f"--user={self.user}",
+            "--cap-drop=ALL",
+            "--security-opt=no-new-privileges",
             f"--memory={mb}m",
             f"--memory-swap={mb}m",
             f"--cpus={self.cpus:g}",
             f"--pids-limit={self.pids}",
             # The engine's default rlimits cannot always be applied (no CAP_SYS_RESOURCE).
-            "--ulimit",
-            f"nofile={self.nofile}:{self.nofile}",
-            "--ulimit",
-            f"nproc={self.nproc}:{self.nproc}",
-            "-w",
-            WORKDIR,
-            "-e",
-            f"HOME={WORKDIR}",  # the only writable place
+            f"--ulimit=nofile={nofile}:{nofile}",
+            f"--ulimit=nproc={nproc}:{nproc}",
+            f"--workdir={WORKDIR}",
+            f"--env=HOME={WORKDIR}",  # the only writable place
         ]
         if self.cache_volume:
-            args += ["-v", f"{self.cache_volume}:{self.cache_dir}:ro"]
-        for key in sorted(labels):
-            args += ["--label", f"{key}={labels[key]}"]
+            args.append(f"--volume={self.cache_volume}:{self.cache_dir}:ro")
+        args += [f"--label={key}={labels[key]}" for key in sorted(labels)]
         return [*args, "--entrypoint", "sh", self.image, "-c", IDLE]
 
 
