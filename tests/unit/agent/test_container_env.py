@@ -264,6 +264,33 @@ os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no atexit
 """
 
 
+EXIT = """
+import sys
+from retrograd.agent.container import ContainerPool, ContainerSpec
+pool = ContainerPool(ContainerSpec(image=sys.argv[1], memory_mb=64), cli=[sys.argv[2]])
+print(pool.acquire().id, flush=True)
+# no close(): the pool's finalizer removes it as the interpreter exits
+"""
+
+
+def test_an_unclosed_pool_is_removed_at_exit(cli):
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT, IMAGE, cli[0]], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and not exists(cli, done.stdout.strip())
+
+
+def test_a_container_that_vanished_fails_the_trajectory(cli, pool):
+    p = pool(PoolSettings(reuse="workspace"))
+    sandbox = p.acquire()
+    subprocess.run([*cli, "rm", "-f", sandbox.id], capture_output=True, check=True)
+    with pytest.raises(EnvironmentFailure, match=f"container {sandbox.id[:12]} is gone"):
+        sandbox.exec(["true"])
+    p.release(sandbox)  # a failed reset: removed, not reused
+    assert p.live == 0
+
+
 def test_reap_stale_removes_the_containers_of_a_dead_creator(cli, pool):
     mine = pool().acquire()  # a live creator (this process): never reaped
     crashed = subprocess.run(
