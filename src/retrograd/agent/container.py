@@ -142,6 +142,14 @@ def _creator_dead(host: str, pid: str, start: str) -> bool:
     process); a container made elsewhere is not ours to judge."""
     if host != socket.gethostname() or not pid.isdigit():
         return False
+    if not Path("/proc/self/stat").exists():  # no procfs (macOS): the pid alone
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass  # alive, another user's
+        return False
     now = _process_start(int(pid))
     return now is None or (start != "" and now != start)
 

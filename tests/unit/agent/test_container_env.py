@@ -22,10 +22,15 @@ from pathlib import Path
 import pytest
 
 from retrograd.agent.container import (
+    HOST_LABEL,
+    PID_LABEL,
     POOL_LABEL,
+    START_LABEL,
     ContainerPool,
     ContainerSandbox,
     ContainerSpec,
+    _creator_dead,
+    _owner_labels,
     container_environment,
     reap_stale,
 )
@@ -302,6 +307,17 @@ def test_reap_stale_removes_the_containers_of_a_dead_creator(cli, pool):
     assert orphan in reap_stale(cli)
     assert not exists(cli, orphan) and exists(cli, mine.id)
     assert reap_stale(cli) == []
+
+
+def test_a_creator_is_known_by_host_pid_and_start_time():
+    me = _owner_labels()
+    host, pid, start = me[HOST_LABEL], me[PID_LABEL], me[START_LABEL]
+    assert start.isdigit() and not _creator_dead(host, pid, start)
+    assert _creator_dead(host, pid, str(int(start) + 1))  # the pid, reused by another process
+    assert not _creator_dead("another-host", "999999999", start)  # not ours to judge
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert _creator_dead(host, str(gone.pid), "")
 
 
 def test_root_and_engine_sockets_are_refused(cli, tmp_path, monkeypatch):
