@@ -47,7 +47,8 @@ class Scripted(Sampler):
     """A sampler that writes `scripts[seed][k]` as turn k of the trajectory seeded `seed`,
     ending it with EOS (or with no end token when the text is prefixed with "!cut:")."""
 
-    def __init__(self, decoder, tokenizer, scripts: dict[int, list[str]]):
+    def __init__(self, decoder, tokenizer, scripts):
+        """scripts: {seed: [turn texts]}, or a function (seed, turn) -> text."""
         super().__init__(decoder, tokenizer, fast=False)
         self.scripts = scripts
         self.turn_of: dict[int, int] = {}  # generator id -> turns begun
@@ -59,7 +60,8 @@ class Scripted(Sampler):
             seed = row.generator.initial_seed()
             k = self.turn_of.get(key, 0)
             self.turn_of[key] = k + 1
-            text = self.scripts[seed][k]
+            script = self.scripts
+            text = script(seed, k) if callable(script) else script[seed][k]
             cut = text.startswith("!cut:")
             ids = self.tokenizer.tokenize(
                 text.removeprefix("!cut:"), add_bos=False, parse_special=True

@@ -16,7 +16,7 @@ from retrograd.errors import RetrogradError
 COMMANDS = {
     "train": (
         "retrograd.cli.train",
-        "train as a run file describes (sft, grpo, preference, distill)",
+        "train as a run file describes (sft, grpo, preference, distill, agent_grpo)",
     ),
     "bench": (
         "retrograd.cli.bench",

@@ -43,8 +43,20 @@ def _distill():
     return run_distill
 
 
+def _agent_grpo():
+    from retrograd.algorithms.agent_grpo import run_agent_grpo
+
+    return run_agent_grpo
+
+
 # [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
-LOOPS = {"sft": _sft, "grpo": _grpo, "preference": _preference, "distill": _distill}
+LOOPS = {
+    "sft": _sft,
+    "grpo": _grpo,
+    "preference": _preference,
+    "distill": _distill,
+    "agent_grpo": _agent_grpo,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -46,6 +46,15 @@ MEMBER_FIELDS = (
     "skip_reason",
     "reward_raw",
     "judge_term",
+    # agentic trajectories
+    "messages",
+    "step_rewards",
+    "terminal_reward_raw",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "finish",
+    "failure",
 )
 
 

@@ -82,3 +82,28 @@ DISTILL_TEACHER_KL_MEAN = "distill/teacher_kl_mean"
 DISTILL_TEACHER_KL_P95 = "distill/teacher_kl_p95"
 DISTILL_ADVANTAGE_CLIPPED = "distill/advantage_clipped_fraction"
 EVAL_TEACHER_KL = "eval/teacher_kl"
+
+# Agentic GRPO (formats.md §7.2). Fractions are over the update's requested trajectories:
+# truncated (a limit cut it), failed (the environment failed it: failed_tool; the chat template
+# could not continue it: failed_policy), lost (not trained for any of those or for want of a
+# score). tool_error_fraction: failed calls over calls. Per trajectory: turns, policy tokens;
+# per turn: calls. generation/prefill_reuse_fraction: positions served from kept keys and
+# values over all positions the turns needed; prefilled_tokens: positions computed by
+# prefills. timing/tool_seconds (ours): time in episodes (open, calls, verify, close).
+AGENT_TRUNCATED_FRACTION = "agent/truncated_fraction"
+AGENT_FAILED_FRACTION = "agent/failed_fraction"
+AGENT_FAILED_TOOL = "agent/failed_tool"
+AGENT_FAILED_POLICY = "agent/failed_policy"
+AGENT_LOST_FRACTION = "agent/lost_fraction"
+AGENT_TOOL_ERROR_FRACTION = "agent/tool_error_fraction"
+AGENT_TURNS_MEAN = "agent/turns_per_traj_mean"
+AGENT_TOKENS_MEAN = "agent/tokens_per_traj_mean"
+AGENT_CALLS_PER_TURN = "agent/tool_calls_per_turn"
+GENERATION_PREFILL_REUSE = "generation/prefill_reuse_fraction"
+GENERATION_PREFILLED_TOKENS = "generation/prefilled_tokens"
+ROLLOUT_SECONDS = "timing/rollout_seconds"
+TOOL_SECONDS = "timing/tool_seconds"
+JUDGE_DROPPED_FRACTION = "judge/dropped_group_fraction"
+JUDGE_DEGENERATE_FRACTION = "judge/degenerate_group_fraction"
+JUDGE_SCORE_MEAN = "judge/score_mean"
+JUDGE_SCORE_STD = "judge/score_std"

@@ -244,6 +244,23 @@ class ObserveWriter:
             records += [self._rollout(update, group, r, texts) for r in group.members]
         self._send(records)
 
+    def selection(self, update: int, groups: list[Group]) -> None:
+        """Agentic runs, before training: each member's advantage and whether it is eligible."""
+        if self.disabled:
+            return
+        entries = [
+            {
+                "group": group.index,
+                "member": r.member,
+                "advantage": number(r.advantage),
+                "eligible": r.eligible,
+                "skip_reason": r.skip_reason,
+            }
+            for group in groups
+            for r in group.members
+        ]
+        self._send([self._record("selection", update=update, entries=entries)])
+
     def outcome(self, update: int, groups: list[Group]) -> None:
         """After training (or skipping) an update: which members were in the loss."""
         if self.disabled:
@@ -296,6 +313,35 @@ class ObserveWriter:
 
     def _rollout(self, update: int, group: Group, r: Rollout, texts: bool) -> dict[str, Any]:
         trained = r.trained if r.trained is not None else (False if r.skip_reason else None)
+        sample = r.extra.get("sample")
+        if sample is not None:  # an agentic trajectory: its conversation, not one completion
+            traj = sample.traj
+            return self._record(
+                "rollout",
+                update=update,
+                group=group.index,
+                member=r.member,
+                prompt=group.prompt.key,
+                seed=r.seed,
+                messages=clip_messages(traj.messages, self.max_text_chars) if texts else None,
+                tokens=traj.n_tokens,
+                truncated=bool(traj.truncated),
+                reward=number(r.reward),
+                advantage=number(r.advantage),
+                trained=trained,
+                skip_reason=r.skip_reason,
+                reward_raw=number(r.reward_raw),
+                judge_term=None,
+                step_rewards=[number(x) for x in traj.step_rewards],
+                terminal_reward_raw=number(traj.final_reward),
+                turns=len(traj.turns),
+                tool_calls=sum(len(t.calls) for t in traj.turns),
+                tool_errors=sum(
+                    1 for t in traj.turns for o in t.observations if o.get("is_error")
+                ),
+                finish=traj.finish,
+                failure=traj.failure,
+            )
         return self._record(
             "rollout",
             update=update,

@@ -49,6 +49,7 @@ from retrograd.sampling.params import FINISH_STOP
 from retrograd.sampling.turns import Thread, TurnDecoder
 
 log = logging.getLogger(__name__)
+NOT_RUN = "not run: the episode ended with an earlier call"
 NO_CALL = "the turn has no tool call; call one of the tools, or answer without calls to finish"
 
 
@@ -304,6 +305,9 @@ class AgentRoller:
             m.failed_in_row = 0 if not plan["unknown"] else m.failed_in_row + 1
             reward, ended = None, None
             for call in plan["calls"]:
+                if ended is not None:  # every call gets an answer, as a record needs
+                    self._observe(m, call, Observation(NOT_RUN, is_error=True))
+                    continue
                 lim = self.limits
                 if lim.max_rollout_secs and time.perf_counter() - m.started > lim.max_rollout_secs:
                     self._end(m, "deadline")
@@ -324,7 +328,6 @@ class AgentRoller:
                     reward = (reward or 0.0) + obs.reward
                 if obs.done:
                     ended = "submitted" if call["name"] == "submit" else "done"
-                    break
             if reward is not None:
                 traj.step_rewards.append(reward)
                 m.sample.reward_at.append((len(m.sample.seq) - 1, reward))

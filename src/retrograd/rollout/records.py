@@ -47,6 +47,7 @@ class Rollout:
     ref_logprobs: np.ndarray | None = None  # under the reference model, when KL is on
     teacher_logprobs: np.ndarray | None = None  # under the teacher (on-policy distillation)
     token_advantages: np.ndarray | None = None  # per token, when the advantage is per token
+    token_mask: np.ndarray | None = None  # 1 on the tokens that train (agentic: the policy's)
     reward_raw: float | None = None  # the reward program's number
     judge_term: float | None = None  # judge_weight x verdict, with a judge
     penalty: float = 0.0  # the overlong penalty subtracted

@@ -88,20 +88,26 @@ def apply_overlong_penalty(
             r.penalty = overlong_penalty(r.n_tokens, max_new_tokens, buffer_tokens, max_penalty)
 
 
-def assign_advantages(groups: list[Group], baseline: str, mask_truncated: bool) -> dict:
+def assign_advantages(
+    groups: list[Group],
+    baseline: str,
+    mask_truncated: bool,
+    not_in_baseline: tuple[str, ...] = NOT_IN_BASELINE,
+) -> dict:
     """Sets Rollout.advantage and skip_reason of every answer; returns the batch statistics
     (formats.md §7.2 batch/...): zero_std_group_fraction over the groups with scores,
     advantage_abs_mean over the answers that train, trained_fraction over all answers.
 
-    Answers already skipped for judge_dropped, unscored or update_skipped, and answers
-    without a reward (marked unscored here), are left out of the baseline."""
+    Answers already skipped for judge_dropped, unscored or update_skipped (`not_in_baseline`:
+    agentic GRPO adds truncated), and answers without a reward (marked unscored here), are
+    left out of the baseline."""
     scored_groups = zero_groups = 0
     for g in groups:
         for r in g.members:
             r.advantage = 0.0
             if r.reward is None:
                 r.skip_reason = r.skip_reason or "unscored"
-        scored = [r for r in g.members if r.skip_reason not in NOT_IN_BASELINE]
+        scored = [r for r in g.members if r.skip_reason not in not_in_baseline]
         if not scored:
             continue
         scored_groups += 1

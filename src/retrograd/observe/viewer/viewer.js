@@ -299,6 +299,14 @@
     const parts = [];
     if (m.reward_raw != null && m.reward_raw !== m.reward) parts.push("raw " + fmt(m.reward_raw, 3));
     if (m.judge_term != null) parts.push("judge " + fmt(m.judge_term, 3));
+    if (m.turns != null) {
+      parts.push(m.turns + " turns · " + m.tool_calls + " calls" +
+        (m.tool_errors ? " (" + m.tool_errors + " failed)" : ""));
+      if (m.finish) parts.push(m.finish);
+      if (m.step_rewards && m.step_rewards.length) {
+        parts.push("steps " + m.step_rewards.map((x) => fmt(x, 2)).join(" "));
+      }
+    }
     const head = el("div", { class: "member-head" },
       el("span", {}, "#" + m.member),
       el("span", { class: "reward" }, "reward " + fmt(m.reward, 3)),
@@ -306,9 +314,16 @@
       el("span", { class: "muted" }, m.tokens + " tokens"),
       parts.length ? el("span", { class: "muted" }, parts.join(" · ")) : null,
       ...badges);
-    const text = m.completion == null
-      ? el("div", { class: "muted notext" }, "text not recorded")
-      : el("pre", { class: "text" }, m.completion);
+    const conversation = (msgs) => el("div", { class: "conversation" }, ...msgs.map((x) =>
+      el("pre", { class: "text msg " + x.role },
+        x.role + (x.name ? " " + x.name : "") + (x.is_error ? " (error)" : "") + ": " +
+        (x.content || "") +
+        (x.tool_calls ? "\n" + x.tool_calls.map((c) => "-> " + c.function.name + " " +
+          JSON.stringify(c.function.arguments)).join("\n") : ""))));
+    const text = m.messages != null ? conversation(m.messages)
+      : m.completion == null
+        ? el("div", { class: "muted notext" }, "text not recorded")
+        : el("pre", { class: "text" }, m.completion);
     return el("div", { class: cls, "data-member": m.member }, head, text);
   }
 

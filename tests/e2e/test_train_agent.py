@@ -1,0 +1,299 @@
+"""`retrograd train` for agentic GRPO, end to end on a tiny model: trajectories act in a real
+local sandbox and are scored by its verify command (forced turns), or by a command judge
+(sampled turns); the run trains, observes, resumes exactly after a kill, and refuses bad
+input before the model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import retrograd.algorithms.agent_grpo as agent_grpo
+from retrograd.cli.main import main
+from retrograd.config import load_run
+from retrograd.errors import DataError, TrainingError
+from tests.e2e.test_train_grpo import sinks
+from tests.e2e.test_train_sft import scalars
+from tests.factories.agents import CHAT_TEMPLATE, Scripted, call
+
+# the judge of sampled (tool-less) trajectories: the share of "e" in what the assistant wrote
+JUDGE = r"""
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    text = req["completion"]
+    print(json.dumps({"reward": text.count("e") / max(1, len(text))}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    from tests.factories.tiny_gguf import write_tiny
+
+    path = tmp_path_factory.mktemp("agent") / "tiny-chat.gguf"
+    return write_tiny(path, "gemma3", chat_template=CHAT_TEMPLATE)
+
+
+def toml(d: dict) -> str:
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
+
+
+def write_run(tmp: Path, model: Path, agent: dict | None = None, *, env=True, **sections) -> Path:
+    scenarios = [
+        {
+            "id": f"file-{i}",
+            "user": f"write {i} into answer.txt",
+            "metadata": {
+                "env": {
+                    "files": {"notes.txt": "hello"},
+                    "verify": {"command": ["grep", "-qx", str(i), "answer.txt"]},
+                }
+            }
+            if env
+            else {},
+        }
+        for i in range(4)
+    ]
+    (tmp / "scenarios.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scenarios))
+    (tmp / "judge.py").write_text(JUDGE)
+    a = {
+        "scenarios": "scenarios.jsonl",
+        "updates": 4,
+        "scenarios_per_update": 2,
+        "group_size": 4,
+        "epochs_per_update": 2,
+        "max_turns": 3,
+        "max_new_tokens_per_turn": 96 if env else 8,
+    }
+    a.update(agent or {})
+    t = {"lr": 2e-2, "ctx": 2048 if env else 128, "micro_batch": 2048 if env else 128}
+    t.update(sections.pop("training", {}))
+    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
+    world = (
+        """
+[agent.environment]
+type = "local"
+allow_unsandboxed = true
+[agent.environment.tools]
+default = "mini"
+[agent.environment.tools.toolset.mini]
+tools = ["write_file"]
+"""
+        if env
+        else f"""
+[agent.judge]
+type = "command"
+command = [{json.dumps(sys.executable)}, {json.dumps(str(tmp / "judge.py"))}]
+"""
+    )
+    text = f"""
+[run]
+algorithm = "agent_grpo"
+[model]
+path = "{model}"
+device = "cpu"
+[output]
+path = "out/adapter.gguf"
+[lora]
+rank = 4
+alpha = 8.0
+targets = ["q", "v", "ffn_down"]
+[training]
+{toml(t)}
+[agent]
+{toml(a)}
+{world}
+{extra}
+"""
+    path = tmp / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def solving(seed: int, turn: int) -> str:
+    """Half the trajectories write the right file and stop; the others answer without a call."""
+    if seed % 2:
+        return "no idea"
+    if turn == 0:
+        return "!target"
+    return "done"
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """The loop's sampler forces turns: even seeds write the scenario's number, odd ones not."""
+    made = []
+
+    def sampler(decoder, tokenizer, fast, max_len):
+        def script(seed, turn):
+            text = solving(seed, turn)
+            if text == "!target":
+                return call("write_file", path="answer.txt", content="0")
+            return text
+
+        s = Scripted(decoder, tokenizer, script)
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
+    return made
+
+
+def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_path, monkeypatch):
+    """Forced turns: the trajectories that write the right answer are verified (reward 1),
+    the others are not (0); the update trains on the policy's tokens only and is observed."""
+    seen = []
+    real_roll = agent_grpo.AgentRoller.roll
+
+    def roll(self, groups, on_turn=None):
+        # each group's target is its scenario's number; all scenarios of a wave share one
+        # sampler, so roll one group at a time
+        out = []
+        for g in groups:
+            self.sampler.target = int(g[0].id.split("-")[1])
+            out += real_roll(self, [g], on_turn)
+        seen.extend(s for grp in out for s in grp)
+        return out
+
+    made = []
+
+    def sampler(decoder, tokenizer, fast, max_len):
+        def script(seed, turn):
+            text = solving(seed, turn)
+            if text == "!target":
+                return call("write_file", path="answer.txt", content=str(made[0].target))
+            return text
+
+        s = Scripted(decoder, tokenizer, script)
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
+    monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
+    run = write_run(
+        tmp_path, chat_model, observe='directory = "obs"', metrics='tensorboard_dir = "tb"'
+    )
+    result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert result.updates == 4 and result.global_step == 8
+    assert (tmp_path / "out" / "adapter.gguf").exists()
+    by_parity = {0: set(), 1: set()}
+    for s in seen:
+        by_parity[s.traj.seed % 2].add(s.traj.reward)
+        assert s.traj.finish == "no_tool_call"
+    assert by_parity == {0: {1.0}, 1: {0.0}}
+    evens = [s.traj.seed % 2 == 0 for s in seen]
+    assert result.rewards == pytest.approx([np.mean(evens[u * 8 : u * 8 + 8]) for u in range(4)])
+    tb = tmp_path / "tb"
+    assert sorted(scalars(tb, "policy/surrogate_loss")) == [2, 4, 6, 8]  # logged per update
+    assert scalars(tb, "agent/turns_per_traj_mean")
+    reuse = scalars(tb, "generation/prefill_reuse_fraction")
+    assert reuse and all(v > 0 for v in reuse.values())
+    records = [json.loads(line) for line in (tmp_path / "obs" / "observe.jsonl").open()]
+    rollouts = [r for r in records if r["type"] == "rollout"]
+    assert len(rollouts) == 4 * 2 * 4
+    solved = [r for r in rollouts if r["seed"] % 2 == 0]
+    assert all(
+        r["messages"][1]["tool_calls"][0]["function"]["name"] == "write_file" for r in solved
+    )
+    assert all(r["messages"][2]["content"].startswith("wrote ") for r in solved)
+    outcomes = [e for r in records if r["type"] == "outcome" for e in r["entries"]]
+    assert len(outcomes) == 32 and any(e["trained"] for e in outcomes)
+    assert all(e["trained"] == (e["skip_reason"] is None) for e in outcomes)
+    assert {r["type"] for r in records} >= {"selection", "outcome", "update"}
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _train(run: Path, *extra: str, wait_for: Path | None = None) -> subprocess.CompletedProcess:
+    """The real command in its own process, with forced turns (tests/factories/agent_train.py);
+    with wait_for, killed with SIGKILL as soon as that checkpoint exists."""
+    cmd = [sys.executable, "-m", "tests.factories.agent_train", "train", str(run), *extra]
+    env = os.environ | {"RETRO_THREADS": "2", "PYTHONPATH": str(REPO)}
+    if wait_for is None:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    deadline = time.monotonic() + 600
+    while not (wait_for / "manifest.msgpack").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed, not finished
+    return subprocess.CompletedProcess(cmd, proc.returncode)
+
+
+@pytest.mark.slow
+def test_judged_trajectories_train_and_resume_exactly_after_a_kill(chat_model, tmp_path):
+    """No environment: one-turn trajectories ("eeee" or "abcd") scored by the command judge.
+    A run killed after its checkpoint at step 4 and resumed ends with the uninterrupted run's
+    adapter."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for d in (whole, cut):
+        d.mkdir()
+        write_run(
+            d, chat_model, env=False, checkpoint='directory = "ck"\nmode = "steps"\nevery_steps = 4'
+        )
+    done = _train(whole / "run.toml")
+    assert done.returncode == 0, done.stderr
+    _train(cut / "run.toml", wait_for=cut / "ck" / "step-000000000004.state")
+    assert not (cut / "out" / "adapter.gguf").exists()
+    resumed = _train(cut / "run.toml", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (whole / "out" / "adapter.gguf").read_bytes() == (
+        cut / "out" / "adapter.gguf"
+    ).read_bytes()
+
+
+def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, scripted, monkeypatch):
+    """Every trajectory cut by max_turns and dropped: the run stops (max_dropped_fraction), or
+    with max_dropped_fraction = 1 the update has nothing to train and skips when asked."""
+    monkeypatch.setattr("tests.e2e.test_train_agent.solving", lambda seed, turn: "!target")
+    run = write_run(tmp_path, chat_model, {"max_turns": 1, "updates": 1})
+    with pytest.raises(TrainingError, match="max_dropped_fraction"):
+        agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    run = write_run(
+        tmp_path, chat_model, {"max_turns": 1, "updates": 1, "max_dropped_fraction": 1.0}
+    )
+    with pytest.raises(TrainingError, match="skip_empty_updates"):
+        agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"max_turns": 1, "updates": 1, "max_dropped_fraction": 1.0, "skip_empty_updates": True},
+    )
+    result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert result.skipped == 1 and result.global_step == 0
+
+
+def test_bad_scenarios_are_refused_before_the_model_loads(
+    chat_model, tmp_path, capsys, monkeypatch
+):
+    import retrograd
+
+    monkeypatch.setattr(retrograd, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    run = write_run(tmp_path, chat_model)
+    lines = (tmp_path / "scenarios.jsonl").read_text().splitlines()
+    lines[2] = json.dumps({"id": "x", "user": "u", "extra": 1})
+    (tmp_path / "scenarios.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["train", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "scenarios.jsonl:3" in err and 'unknown key "extra"' in err
+    lines[2] = json.dumps({"id": "x", "user": "u", "metadata": {"env": {"toolset": "python"}}})
+    (tmp_path / "scenarios.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["train", str(run)]) == 1
+    assert "scenarios.jsonl:3" in capsys.readouterr().err
+    with pytest.raises(DataError, match="not verifiable|no metadata.env.verify"):
+        held = tmp_path / "held.jsonl"
+        held.write_text(json.dumps({"id": "h", "user": "u"}) + "\n")
+        run = write_run(tmp_path, chat_model, evaluation='data = "held.jsonl"')
+        agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
