@@ -60,13 +60,16 @@ ACQUIRE_TIMEOUT_SECS = 600.0  # waiting for a free container, rather than deadlo
 _CHUNK = 1 << 16
 
 # Runs every command: `timeout` kills it at the deadline, then every process that inherited
-# this command's mark is killed too (children that left its process group included), so
-# nothing a command started outlives it, as in a local sandbox. "not found" is worded as a
-# shell (and the local sandbox) words it.
+# this command's mark is killed too (its children, those that left its process group
+# included), so nothing a command started outlives it, as in a local sandbox. NOTE: sh
+# reports a child killed by a signal ("Killed") on the stderr it holds while it waits; that
+# is /dev/null here (the inner sh hands the command the real one, fd 4), for a local sandbox
+# reports nothing either. "not found" is worded as a shell (and a local sandbox) words it.
 WRAPPER = r"""
 t=$1; m=$2; shift 2
 command -v "$1" >/dev/null 2>&1 || { echo "$1: command not found" >&2; exit 127; }
-timeout -s KILL "$t" "$@"
+exec 4>&2
+{ sh -c 'exec timeout --foreground -s KILL "$@" 2>&4 4>&-' sh "$t" "$@"; } 2>/dev/null
 rc=$?
 for p in /proc/[0-9]*; do
     pid=${p#/proc/}

@@ -34,6 +34,7 @@ from retrograd.agent.container import (
     container_environment,
     reap_stale,
 )
+from retrograd.agent.local import LocalSandbox
 from retrograd.agent.scenarios import parse_scenario
 from retrograd.agent.types import Observation, Verification
 from retrograd.config.agent import ContainerEnvironment
@@ -117,6 +118,27 @@ def test_a_command_runs_as_uid_1000_in_work_without_capabilities(box):
     assert box.exec(["cat"], stdin=b"x" * 200_000).stdout == b"x" * 65536  # the default cap
 
 
+def test_results_match_a_local_sandbox(box, tmp_path):
+    """The local sandbox (agent/local.py) as the reference: same exit codes, streams, timeout
+    and truncation flags for the same commands."""
+    local = LocalSandbox(max_output_bytes=1000, parent=tmp_path)
+    contained = ContainerSandbox(box.cli, box.id, spec(max_output_bytes=1000))
+    cases = [
+        (["sh", "-c", "echo out; echo err >&2; exit 3"], None, None),
+        (["sh", "-c", "echo x >&2; kill -9 $$"], None, None),
+        (["sh", "-c", "read x; echo got $x"], b"line\n", None),
+        (["no-such-tool", "--help"], None, None),
+        (["sh", "-c", "echo started; sleep 30"], None, 1.0),
+        (["sh", "-c", "yes | head -c 3000; echo done >&2"], None, None),
+        (["sh", "-c", "sleep 30 & echo bg"], None, None),
+    ]
+    try:
+        for argv, stdin, timeout in cases:
+            assert contained.exec(argv, stdin, timeout) == local.exec(argv, stdin, timeout), argv
+    finally:
+        local.close()
+
+
 def test_nothing_outside_work_is_writable(box):
     for path in ("/etc/x", "/tmp/x", "/home/runner/x", "/x"):
         result = box.exec(["touch", path])
@@ -150,7 +172,7 @@ def test_a_command_and_its_children_die_at_the_timeout(box):
     result = box.exec(["sh", "-c", "sleep 100 & setsid sleep 101 & sleep 102"], timeout=2)
     elapsed = time.monotonic() - started
     assert result.timed_out and result.exit_code is None and not result.ok
-    assert 2.0 <= elapsed < 5.0, elapsed
+    assert result.stderr == b"" and 2.0 <= elapsed < 5.0, (result, elapsed)
     listing = text(box.exec(["ps", "-eo", "args"]))
     assert "sleep 10" not in listing, listing
     assert "sleep 3600" in listing  # the container's idle process lives on
@@ -184,7 +206,7 @@ def test_output_is_capped(pool):
 def test_memory_and_process_limits(pool):
     sandbox = pool(memory_mb=128, pids=32).acquire()
     hog = sandbox.exec(["python3", "-c", "b = bytearray(512 << 20); print(len(b))"])
-    assert hog.exit_code is None and not hog.timed_out, hog  # OOM-killed (137)
+    assert (hog.exit_code, hog.timed_out, hog.stderr) == (None, False, b""), hog  # OOM-killed
     forks = sandbox.exec(["sh", "-c", "for i in $(seq 64); do sleep 5 & done; wait"], timeout=10)
     assert b"fork" in forks.stderr.lower() or b"resource" in forks.stderr.lower(), forks
 
