@@ -46,22 +46,22 @@ def _entry(kind: str, column: str = "") -> Availability:
 
 YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
-_LATER_ALGORITHM = {
-    name: _entry(LATER, f"with {name}: `train` refuses {name} until its loop lands")
-    for name in ("ppo", "agent")
-}
-_LATER_ALGORITHM["agent"] = _entry(
-    LATER, "with agent_grpo: `train` refuses agent_grpo until its loop lands"
+_LATER_ALGORITHM = {"ppo": _entry(LATER, "with ppo: `train` refuses ppo until its loop lands")}
+_GRPO_TOO = (
+    "refused for sft; honoured by grpo and agent_grpo; {} reads it, refused by `train` until it "
+    "lands"
 )
-_GRPO_TOO = "refused for sft; honoured by grpo; {} read it, refused by `train` until they land"
-_ROLLOUTS = "refused for sft; honoured by grpo and on-policy distill; {} read it, refused by `train` until they land"
+_ROLLOUTS = (
+    "refused for sft; honoured by grpo, on-policy distill and agent_grpo; {} reads it, refused "
+    "by `train` until it lands"
+)
 
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
     ("run", "algorithm"): _entry(
         HONOURED,
-        "sft, grpo, preference and distill train; `train` refuses ppo and agent_grpo until "
-        "their loops land",
+        "sft, grpo, preference, distill and agent_grpo train; `train` refuses ppo until its "
+        "loop lands",
     ),
     ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
     ("model", "path"): YES,
@@ -114,21 +114,19 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "threads"): _entry(
         HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"
     ),
-    ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS.format("agent_grpo")),
+    ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS.format("ppo")),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; with grpo and on-policy distill `train` refuses it (not available in "
-        "this version: prompts prefill in chunks of 512 tokens); agent_grpo reads it, refused "
-        "by `train` until it lands",
+        "refused for sft; with grpo, on-policy distill and agent_grpo `train` refuses it (not "
+        "available in this version: prompts prefill in chunks of 512 tokens)",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,
-        "refused for sft; grpo and on-policy distill honour auto (a group's answers scored "
+        "refused for sft; grpo, on-policy distill and agent_grpo honour auto (a group's answers scored "
         "after one pass over their prompt, as many as fit micro_batch) and off, and `train` "
         "refuses max and numbers (not available in this version); preference honours auto, "
         "off, max and 2 "
-        "(a pair's two answers after one prompt pass; more than 2 refused); agent_grpo reads "
-        "it, refused by `train` until it lands",
+        "(a pair's two answers after one prompt pass; more than 2 refused)",
     ),
     ("training", "fast_sampling_context"): _entry(
         ELSEWHERE, "read by grpo, on-policy distill, chat and serve; an sft run samples nothing"
@@ -166,16 +164,16 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("evaluation", "data"): YES,
     ("evaluation", "every_iterations"): YES,
-    ("evaluation", "max_examples"): _entry(NOT_READ, _ROLLOUTS.format("ppo and agent_grpo")),
+    ("evaluation", "max_examples"): _entry(NOT_READ, _ROLLOUTS.format("ppo")),
     ("evaluation", "patience"): YES,
     ("evaluation", "min_delta"): YES,
     ("checkpoint", "*"): YES,
     ("metrics", "*"): YES,
-    ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo and agent_grpo")),
+    ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo")),
     ("reference", "*"): _entry(
         NOT_READ,
-        "refused for sft; honoured by grpo and on-policy distill (KL penalty) and by "
-        "preference (dpo and ipo); agent_grpo reads it, refused by `train` until it lands",
+        "refused for sft; honoured by grpo, on-policy distill and agent_grpo (KL penalty) and "
+        "by preference (dpo and ipo)",
     ),
     ("sft", "*"): YES,
     ("grpo", "*"): _entry(
@@ -185,6 +183,11 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("preference", "*"): _entry(HONOURED, "honoured by preference"),
     ("distill", "*"): _entry(HONOURED, "honoured by distill (both modes)"),
+    ("agent", "*"): _entry(
+        HONOURED,
+        'honoured by agent_grpo; `train` refuses an [agent.judge] of type "ruler" (not '
+        'available in this version: use type = "command" or an environment that verifies)',
+    ),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
         ELSEWHERE, "read by `retrograd collect --api`; `train` ignores it"

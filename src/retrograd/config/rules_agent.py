@@ -53,11 +53,22 @@ def grpo_judge(d: Draft) -> Iterator[Issue]:
         yield from judge_rules("grpo.judge", d.need("grpo").judge)
 
 
-def mcp_server_rules(index: int, server: McpServer, environment: bool) -> Iterator[Issue]:
+def mcp_server_rules(
+    index: int, server: McpServer, environment: bool, overlay: bool = False
+) -> Iterator[Issue]:
+    """overlay: mcp_config files are declared, so an entry with neither command nor url may
+    name one of their servers and set its policy only (formats.md §4.3)."""
     table = f"agent.mcp_servers.{index}"
-    if (server.command is None) == (server.url is None):
+    if server.command is not None and server.url is not None:
         yield issue(
             table, None, "needs exactly one of command (a local server) and url (a remote one)"
+        )
+    elif server.command is None and server.url is None and not overlay:
+        yield issue(
+            table,
+            None,
+            "needs exactly one of command (a local server) and url (a remote one), or "
+            "agent.mcp_config with a server of this name whose policy it sets",
         )
     elif server.url is not None:
         for name in LOCAL_ONLY:
@@ -150,7 +161,9 @@ def agent_rules(d: Draft) -> Iterator[Issue]:
     yield from group_fits("agent", a.group_size, d)
     names = [server.name for server in a.mcp_servers]
     for index, server in enumerate(a.mcp_servers):
-        yield from mcp_server_rules(index, server, a.environment is not None)
+        yield from mcp_server_rules(
+            index, server, a.environment is not None, overlay=bool(a.mcp_config)
+        )
         if server.name in names[:index]:
             yield issue(
                 f"agent.mcp_servers.{index}", "name", "used by an earlier server", server.name

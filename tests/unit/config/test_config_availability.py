@@ -114,6 +114,20 @@ ACCEPTED: dict[tuple[str, str], dict] = {
             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 1},
         },
     },
+    ("agent", "*"): {
+        "run": {"algorithm": "agent_grpo"},
+        "sft": None,
+        "agent": {
+            "scenarios": "s.jsonl",
+            "group_size": 4,
+            "max_turns": 3,
+            "environment": {
+                "type": "local",
+                "allow_unsandboxed": True,
+                "tools": {"default": "base"},
+            },
+        },
+    },
     ("preference", "*"): {
         "run": {"algorithm": "preference"},
         "sft": None,
@@ -179,7 +193,6 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
 # Entries of algorithms and modes `train` refuses, and a valid run of each.
 ALGORITHM_RUNS = {
     ("ppo", "*"): run_doc("ppo"),
-    ("agent", "*"): run_doc("agent_grpo"),
 }
 MODE_RUNS = {
     ("trainable", "*"): run_doc(

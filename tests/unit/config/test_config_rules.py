@@ -272,6 +272,16 @@ CASES = [
         "run.toml: [agent.mcp_servers][0]: needs exactly one of command (a local server) and url",
     ),
     (
+        "mcp server policy overlay needs mcp_config",
+        run_doc(
+            "agent_grpo",
+            agent={"mcp_config": "mcp.json", "mcp_servers": [{"name": "t", "denied_tools": ["x"]}]},
+        ),
+        run_doc("agent_grpo", agent={"mcp_servers": [{"name": "t", "denied_tools": ["x"]}]}),
+        "run.toml: [agent.mcp_servers][0]: needs exactly one of command (a local server) and "
+        "url (a remote one), or agent.mcp_config",
+    ),
+    (
         "container custom profile needs an image",
         run_doc(
             "agent_grpo",
