@@ -359,7 +359,7 @@ class ContainerSandbox(Sandbox):
                 raise EnvironmentFailure(f"container {self.id[:12]} is gone")
             if code is None:
                 return ExecResult(None, out, err, timed_out=True, truncated=truncated)
-        # `timeout -s KILL` exits 137 when the deadline killed the command. NOTE: a shell
+        # timeout exits 137 when the deadline killed the command. NOTE: a shell
         # reports a death by signal N as 128 + N; so does this sandbox, as exit_code None.
         timed_out = code == 137 and elapsed >= secs
         exit_code = None if timed_out or code > 128 else code
@@ -370,7 +370,8 @@ class ContainerSandbox(Sandbox):
         return done.returncode == 0 and done.stdout.strip() == "true"
 
     def reset(self) -> bool:
-        """Kill every process but the idle one and empty /work; False when that failed."""
+        """Kill every process but pid 1 (the idle loop) and empty /work; False when that
+        failed."""
         self.commands = 0
         # Not through the wrapper, which kill -1 would kill too.
         try:
@@ -394,12 +395,15 @@ def _run_capped(
     """Run the CLI, feed stdin, keep at most `cap` bytes of stdout + stderr (reading on past
     it) and kill the CLI after `limit` seconds: (exit code or None when killed, stdout,
     stderr, truncated)."""
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE if data else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE if data else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as err:
+        raise EnvironmentFailure(f"cannot run {cmd[0]}: {err}") from None
     out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     kept, truncated, sent = 0, False, 0
     deadline = time.monotonic() + limit
