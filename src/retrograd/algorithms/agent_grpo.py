@@ -35,17 +35,18 @@ import torch
 
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.trajectory import Trajectory
+from retrograd.agent.world import World
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import permutation
-from retrograd.errors import ConfigError, DataError, JudgeError, TrainingError
+from retrograd.errors import ConfigError, JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import base_lr, build_optimizer, lr_at
-from retrograd.rewards.judge import command_judge, judge_request
+from retrograd.rewards.judge import judge_request
 from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Group, Prompt, Rollout
@@ -129,77 +130,6 @@ def check_available(cfg) -> None:
             'judge comes later; use type = "command", or an environment that verifies)'
         )
     context.check_rollout_keys(cfg.training, "agent_grpo")
-
-
-# -- the world: environment, MCP servers, judge ------------------------------------------------
-
-
-class World:
-    """The run's environment, MCP hub and judge, opened before the model loads."""
-
-    def __init__(self, cfg, run_dir: Path):
-        a = cfg.agent
-        self.environment = open_environment(a.environment, run_dir)
-        self.mcp = None
-        try:
-            if a.mcp_servers or a.mcp_config:
-                from retrograd.agent.mcp import McpHub
-
-                self.mcp = McpHub.open(a, run_dir)
-            self.judge = command_judge(a.judge, "[agent.judge]") if a.judge is not None else None
-        except BaseException:
-            self.close()
-            raise
-
-    def check(self, scenarios: ScenarioFile, held: ScenarioFile | None) -> None:
-        env = self.environment
-        if env is not None and hasattr(env, "check_scenarios"):
-            env.check_scenarios(scenarios.scenarios)
-            if held is not None:
-                env.check_scenarios(held.scenarios, require_verify=True)
-        if held is not None:
-            for s in held.scenarios:
-                if env is None or not env.grades(s):
-                    raise DataError(
-                        f"{s.key}: held-out scenario {s.id} is not verifiable; evaluation needs "
-                        "scenarios the environment scores (a metadata.env.verify command, or "
-                        "an HTTP environment)"
-                    )
-
-    def signature(self) -> dict:
-        env = self.environment
-        out: dict = {"environment": type(env).__name__ if env is not None else None}
-        catalog = getattr(env, "tool_catalog", None)
-        if catalog is not None:
-            out["tools"] = catalog.signature()
-        if self.mcp is not None:
-            out["mcp"] = sorted(s.name for s in self.mcp.tools)
-        return out
-
-    def close(self) -> None:
-        for part in (self.environment, self.mcp):
-            if part is not None:
-                try:
-                    part.close()
-                except Exception as e:
-                    log.warning("closing %s failed: %s", type(part).__name__, e)
-        self.environment = self.mcp = None
-
-
-def open_environment(section, run_dir: Path):
-    if section is None:
-        return None
-    if section.type == "local":
-        from retrograd.agent.sandbox_env import local_environment
-
-        return local_environment(section, run_dir)
-    if section.type == "container":
-        from retrograd.agent.container import container_environment
-
-        return container_environment(section, run_dir)
-    from retrograd.agent.http_env import HttpEnvironment
-
-    return HttpEnvironment(section)
 
 
 def _check_manifest(path: Path) -> None:
@@ -417,6 +347,9 @@ def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]
     t = cfg.training
     size = max(len(s) for _, s in wanted)
     concurrency = t.generation_concurrency or min(len(wanted) * size, 256)
+    env = cfg.agent.environment
+    if env is not None and env.type == "container":  # a wave holds its containers throughout
+        concurrency = min(concurrency, env.pool.max_live)
     per_wave = max(1, concurrency // size)
     out: list[list[AgentSample]] = []
     for w in range(0, len(wanted), per_wave):

@@ -172,34 +172,15 @@ def _require_verified(flag: bool | None, scenarios) -> bool:
     return all(s.env is not None and s.env.verify is not None for s in scenarios)
 
 
-# [agent.environment].type -> (module, the function making it live from (section, run_dir))
-ENVIRONMENTS = {
-    "http": ("retrograd.agent.http_env", None),
-    "local": ("retrograd.agent.sandbox_env", "local_environment"),
-    "container": ("retrograd.agent.container", "container_environment"),
-}
-
-
 def build_environment(cfg, run_dir: Path, scenarios):
-    """[agent.environment] made live; a sandbox environment checks the scenarios' toolsets
-    before the first rollout."""
-    import importlib
+    """[agent.environment] made live (agent/world.py, as training opens it); a sandbox
+    environment checks the scenarios' toolsets before the first rollout."""
+    from retrograd.agent.world import open_environment
 
-    section = cfg.agent.environment
-    module, factory = ENVIRONMENTS[section.type]
-    if factory is None:
-        from retrograd.agent.http_env import HttpEnvironment
-
-        return HttpEnvironment(section)
+    environment = open_environment(cfg.agent.environment, run_dir)
     try:
-        make = getattr(importlib.import_module(module), factory)
-    except (ImportError, AttributeError):
-        raise ConfigError(
-            f'[agent.environment].type = "{section.type}": this build has no such environment'
-        ) from None
-    environment = make(section, run_dir)
-    try:
-        environment.check_scenarios(scenarios)
+        if hasattr(environment, "check_scenarios"):
+            environment.check_scenarios(scenarios)
     except BaseException:
         environment.close()
         raise

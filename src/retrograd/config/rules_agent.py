@@ -129,6 +129,14 @@ def environment_rules(agent: AgentSection) -> Iterator[Issue]:
     if env.type == "container":
         if env.profile == "custom" and env.image is None:
             yield issue("agent.environment", "image", 'required with profile = "custom"')
+        if env.pool.max_live < agent.group_size:
+            yield issue(
+                "agent.environment.pool",
+                "max_live",
+                f"must be at least agent.group_size ({agent.group_size}): a group's "
+                "trajectories act at the same time, each in its own container",
+                env.pool.max_live,
+            )
         if env.pool.min_idle > env.pool.max_live:
             yield issue(
                 "agent.environment.pool",

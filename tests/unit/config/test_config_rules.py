@@ -272,6 +272,32 @@ CASES = [
         "run.toml: [agent.mcp_servers][0]: needs exactly one of command (a local server) and url",
     ),
     (
+        "container pool holds a group",
+        run_doc(
+            "agent_grpo",
+            agent={
+                "group_size": 4,
+                "environment": {
+                    "type": "container",
+                    "tools": {"default": "base"},
+                    "pool": {"max_live": 4},
+                },
+            },
+        ),
+        run_doc(
+            "agent_grpo",
+            agent={
+                "group_size": 4,
+                "environment": {
+                    "type": "container",
+                    "tools": {"default": "base"},
+                    "pool": {"max_live": 3},
+                },
+            },
+        ),
+        "run.toml: [agent.environment.pool].max_live = 3: must be at least agent.group_size (4)",
+    ),
+    (
         "mcp server policy overlay needs mcp_config",
         run_doc(
             "agent_grpo",

@@ -1,0 +1,83 @@
+"""The world an agentic run acts in: its environment, MCP hub and judge, opened from [agent]
+before the model loads and closed whatever happens. Training (algorithms/agent_grpo.py) and
+`retrograd collect` both open it here; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from retrograd.agent.scenarios import ScenarioFile
+from retrograd.errors import DataError
+from retrograd.rewards.judge import command_judge
+
+log = logging.getLogger(__name__)
+
+
+class World:
+    """The run's environment, MCP hub and judge, opened before the model loads."""
+
+    def __init__(self, cfg, run_dir: Path):
+        a = cfg.agent
+        self.environment = open_environment(a.environment, run_dir)
+        self.mcp = None
+        try:
+            if a.mcp_servers or a.mcp_config:
+                from retrograd.agent.mcp import McpHub
+
+                self.mcp = McpHub.open(a, run_dir)
+            self.judge = command_judge(a.judge, "[agent.judge]") if a.judge is not None else None
+        except BaseException:
+            self.close()
+            raise
+
+    def check(self, scenarios: ScenarioFile, held: ScenarioFile | None) -> None:
+        env = self.environment
+        if env is not None and hasattr(env, "check_scenarios"):
+            env.check_scenarios(scenarios.scenarios)
+            if held is not None:
+                env.check_scenarios(held.scenarios, require_verify=True)
+        if held is not None:
+            for s in held.scenarios:
+                if env is None or not env.grades(s):
+                    raise DataError(
+                        f"{s.key}: held-out scenario {s.id} is not verifiable; evaluation needs "
+                        "scenarios the environment scores (a metadata.env.verify command, or "
+                        "an HTTP environment)"
+                    )
+
+    def signature(self) -> dict:
+        env = self.environment
+        out: dict = {"environment": type(env).__name__ if env is not None else None}
+        catalog = getattr(env, "tool_catalog", None)
+        if catalog is not None:
+            out["tools"] = catalog.signature()
+        if self.mcp is not None:
+            out["mcp"] = sorted(s.name for s in self.mcp.tools)
+        return out
+
+    def close(self) -> None:
+        for part in (self.environment, self.mcp):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as e:
+                    log.warning("closing %s failed: %s", type(part).__name__, e)
+        self.environment = self.mcp = None
+
+
+def open_environment(section, run_dir: Path):
+    if section is None:
+        return None
+    if section.type == "local":
+        from retrograd.agent.sandbox_env import local_environment
+
+        return local_environment(section, run_dir)
+    if section.type == "container":
+        from retrograd.agent.container import container_environment
+
+        return container_environment(section, run_dir)
+    from retrograd.agent.http_env import HttpEnvironment
+
+    return HttpEnvironment(section)
