@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrograd.agent.sandbox_env import SandboxEnvironment, SandboxPool
+from retrograd.agent.sandbox_env import PoolStats, SandboxEnvironment, SandboxPool
 from retrograd.agent.tools.catalog import load_catalog
 from retrograd.agent.types import ExecResult, Sandbox
 from retrograd.config import agent as agent_config
@@ -496,6 +496,7 @@ class ContainerPool(SandboxPool):
         self._starting = 0
         self._user_checked = False
         self._closed = False
+        self.stats = PoolStats()
         self._finalizer = weakref.finalize(self, _remove_pool, self.cli, self.id)
         reap_stale(self.cli)
         self.warm()
@@ -515,6 +516,8 @@ class ContainerPool(SandboxPool):
                 if self._idle:
                     box = self._idle.pop(0)
                     box.leases += 1
+                    if box.leases > 1:
+                        self.stats.add(reused=1)
                     self._warm_soon()
                     return box
                 if len(self._live) + self._starting < self.settings.max_live:
@@ -592,7 +595,9 @@ class ContainerPool(SandboxPool):
         """One new container; the caller has counted it in _starting."""
         labels = {POOL_LABEL: self.id, **_owner_labels()}
         try:
+            t0 = time.perf_counter()
             done = _cli(self.cli, *self.spec.run_args(labels, self.podman), check=False)
+            self.stats.add(created=1, create_seconds=time.perf_counter() - t0)
             if done.returncode != 0:
                 raise EnvironmentFailure(
                     f"cannot start a container of {self.spec.image}: "
@@ -602,6 +607,7 @@ class ContainerPool(SandboxPool):
             with self._cond:
                 self._live[box.id] = box
                 closed = self._closed
+                self.stats.live(len(self._live))
             if closed:
                 box.close()
                 raise EnvironmentFailure("the container pool is closed")

@@ -9,6 +9,7 @@ or a container (a ContainerPool); this module knows neither, only `SandboxPool` 
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -35,6 +36,72 @@ from retrograd.errors import DataError, EnvironmentFailure
 NO_TIMEOUT_SECS = 86400.0
 
 
+class PoolStats:
+    """What a pool and its episodes did since the last `take()`: the env/* metrics
+    (formats.md §7.2). Thread-safe; a pool without containers leaves the container counters 0."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.acquires = 0
+        self.reused = 0  # leases served by a container kept from an earlier lease
+        self.created = 0
+        self.create_seconds = 0.0
+        self.acquire_seconds = 0.0
+        self.live_max = 0
+        self.execs = 0
+        self.exec_timeouts = 0
+        self.episodes = 0
+        self.broken = 0  # episodes the sandbox failed (set-up, a broken tool, a lost box)
+
+    def add(self, **counts: float) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def live(self, n: int) -> None:
+        with self.lock:
+            self.live_max = max(self.live_max, n)
+
+    def take(self) -> dict[str, float]:
+        """The env/* values since the last take, and a fresh count."""
+        with self.lock:
+            out = {
+                "env/container_create_ms": 1000 * self.create_seconds / self.created
+                if self.created
+                else 0.0,
+                "env/acquire_ms_mean": 1000 * self.acquire_seconds / self.acquires
+                if self.acquires
+                else 0.0,
+                "env/pool_reuse_fraction": self.reused / self.acquires if self.acquires else 0.0,
+                "env/live_containers_max": float(self.live_max),
+                "env/exec_timeout_fraction": self.exec_timeouts / self.execs if self.execs else 0.0,
+                "env/sandbox_broken_fraction": self.broken / self.episodes
+                if self.episodes
+                else 0.0,
+            }
+            self.reset()
+        return out
+
+
+class _Counted(Sandbox):
+    """A sandbox whose commands are counted (timeouts) in the pool's stats."""
+
+    def __init__(self, inner: Sandbox, stats: PoolStats) -> None:
+        self.inner, self.stats = inner, stats
+        self.workdir = inner.workdir
+
+    def exec(self, argv, stdin=None, timeout=None) -> ExecResult:
+        result = self.inner.exec(argv, stdin, timeout)
+        self.stats.add(execs=1, exec_timeouts=int(result.timed_out))
+        return result
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class SandboxPool(ABC):
     """Where an environment's sandboxes come from. One sandbox serves one trajectory at a time.
 
@@ -45,6 +112,8 @@ class SandboxPool(ABC):
     - `close()` ends the run: every sandbox still alive is removed.
     A sandbox's exec may be given `timeout` up to NO_TIMEOUT_SECS.
     """
+
+    stats: PoolStats  # set by SandboxEnvironment; container pools add their own counts
 
     @abstractmethod
     def acquire(self) -> Sandbox: ...
@@ -96,6 +165,7 @@ class SandboxEpisode(Episode):
         try:
             observation = tool.call(self.sandbox, arguments)
         except EnvironmentFailure as failure:
+            self.env.pool.stats.add(broken=1)
             raise EnvironmentFailure(f"scenario {self.scenario.id}: {failure}") from None
         self.done = observation.done
         return observation
@@ -123,7 +193,7 @@ class SandboxEpisode(Episode):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.env.pool.release(self.sandbox)
+            self.env.pool.release(getattr(self.sandbox, "inner", self.sandbox))
 
 
 class SandboxEnvironment(Environment):
@@ -138,6 +208,8 @@ class SandboxEnvironment(Environment):
         verify_timeout_secs: float | None = None,
     ) -> None:
         self.pool = pool
+        if not hasattr(pool, "stats"):
+            pool.stats = PoolStats()
         self.tool_catalog = catalog
         self.setup_timeout_secs = setup_timeout_secs
         self.verify_timeout_secs = verify_timeout_secs
@@ -170,13 +242,23 @@ class SandboxEnvironment(Environment):
         name = self.toolset(scenario)
         if name not in self.tool_catalog.selectable:
             raise EnvironmentFailure(f"scenario {scenario.id}: toolset {name!r} is not selectable")
-        sandbox = self.pool.acquire()
+        stats = self.pool.stats
+        t0 = time.perf_counter()
+        inner = self.pool.acquire()
+        stats.add(acquires=1, episodes=1, acquire_seconds=time.perf_counter() - t0)
+        sandbox = _Counted(inner, stats)
         try:
             self._prepare(sandbox, scenario)
-        except BaseException:
-            self.pool.release(sandbox)
+        except BaseException as e:
+            if isinstance(e, EnvironmentFailure):
+                stats.add(broken=1)
+            self.pool.release(inner)
             raise
         return SandboxEpisode(self, sandbox, scenario, self.tool_catalog.entries(name))
+
+    def metrics(self) -> dict[str, float]:
+        """env/* since the last call (the loop reads it once per update)."""
+        return self.pool.stats.take()
 
     def _prepare(self, sandbox: Sandbox, scenario: Scenario) -> None:
         """metadata.env.files, then setup, all within setup_timeout_secs."""

@@ -152,7 +152,7 @@ class Environment(ABC):
         opening one: for `tools list`, collect and scenario generation."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (most environments hold nothing to release)
         """End of run: release pooled resources, reap what is left."""
 
 

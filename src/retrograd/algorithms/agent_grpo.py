@@ -384,6 +384,9 @@ def _roll_and_score(cfg, roller, world, batch, update):
         }
     )
     values.update(judged)
+    env = world.environment
+    if env is not None and hasattr(env, "metrics"):
+        values.update(env.metrics())
     return groups, samples, values
 
 

@@ -238,6 +238,11 @@ def test_reuse_workspace_empties_work_between_leases(cli, pool):
     third = p.acquire()
     assert third.id != first.id and third.leases == 1
     assert p.live == 1
+    assert p.stats.created == 2 and p.stats.reused == 1  # one lease of three served by reuse
+    stats = p.stats.take()
+    assert stats["env/container_create_ms"] > 0 and stats["env/live_containers_max"] >= 1
+    assert stats["env/pool_reuse_fraction"] == 0.0  # acquires are counted by the environment
+    assert p.stats.reused == 0 and p.stats.created == 0  # take() starts a fresh count
 
 
 def test_reuse_never_gives_a_fresh_container(cli, pool):

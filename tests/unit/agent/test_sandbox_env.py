@@ -202,3 +202,23 @@ def test_local_environment_from_the_config_section(tmp_path):
         episode.close()
     finally:
         env.close()
+
+
+def test_env_metrics_count_acquires_timeouts_and_broken_sandboxes(tmp_path):
+    (tmp_path / "work").mkdir()
+    env = environment(tmp_path, setup_timeout_secs=20.0)
+    try:
+        assert env.metrics()["env/acquire_ms_mean"] == 0.0
+        episode = env.open(scenario(), seed=0)
+        episode.step("bash", {"command": "true"})
+        episode.sandbox.exec(["sleep", "5"], timeout=0.2)  # as a tool would: timed out
+        episode.close()
+        with pytest.raises(EnvironmentFailure):
+            env.open(scenario({"setup": ["exit 3"]}, sid="broken"), seed=0)
+        m = env.metrics()
+        assert m["env/sandbox_broken_fraction"] == 0.5  # one of two episodes
+        assert m["env/exec_timeout_fraction"] == pytest.approx(1 / 3)  # bash, sleep, setup
+        assert m["env/acquire_ms_mean"] > 0 and m["env/pool_reuse_fraction"] == 0.0
+        assert env.metrics()["env/sandbox_broken_fraction"] == 0.0  # counted once
+    finally:
+        env.close()
