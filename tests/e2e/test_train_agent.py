@@ -297,3 +297,46 @@ def test_bad_scenarios_are_refused_before_the_model_loads(
         held.write_text(json.dumps({"id": "h", "user": "u"}) + "\n")
         run = write_run(tmp_path, chat_model, evaluation='data = "held.jsonl"')
         agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+
+
+def test_collect_keeps_verified_traces_that_sft_and_preference_read(
+    chat_model, tmp_path, monkeypatch, capsys
+):
+    """retrograd collect with the local model (forced turns): scenario i is rolled from seeds
+    42 + 4i + j; members with an even j write the right answer. One verified trace per
+    scenario is kept, written as tool records the SFT reader takes; --pairs writes pairs."""
+    from retrograd.data.pairs import read_pairs
+    from retrograd.data.sft import load_sft_data
+    from retrograd.gguf import GGUFFile
+    from retrograd.tokenizer import ChatFormat, chat_template, load_tokenizer
+
+    def script(seed, turn):
+        i, j = divmod(seed - 42, 4)
+        if j % 2 or turn:
+            return "no idea" if turn == 0 else "done"
+        return call("write_file", path="answer.txt", content=str(i))
+
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    run = write_run(tmp_path, chat_model, {"group_size": 4})
+    out, report = tmp_path / "traces.jsonl", tmp_path / "report.json"
+    assert main(["collect", str(run), "--out", str(out), "--report", str(report)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4 and not (tmp_path / "traces.jsonl.tmp").exists()
+    for i, r in enumerate(records):
+        assert r["metadata"]["scenario_id"] == f"file-{i}" and r["metadata"]["reward"] == 1.0
+        assert r["metadata"]["member"] % 2 == 0
+        assert r["messages"][1]["tool_calls"][0]["function"]["arguments"] == {
+            "path": "answer.txt",
+            "content": str(i),
+        }
+    stats = json.loads(report.read_text())
+    assert stats["attempted"] == 16 and stats["kept"] == 4
+    tok = load_tokenizer(chat_model)
+    chat = ChatFormat(tok, chat_template(tok, GGUFFile(chat_model).metadata))
+    data = load_sft_data(out, tok, 4096, chat=chat)
+    assert len(data.examples) == 4 and data.n_targets > 0
+    pairs = tmp_path / "pairs.jsonl"
+    assert main(["collect", str(run), "--out", str(pairs), "--pairs", "--min-gap", "0.5"]) == 0
+    read = read_pairs(pairs)
+    assert len(read) == 4
+    capsys.readouterr()
