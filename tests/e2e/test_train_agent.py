@@ -160,7 +160,8 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
         for g in groups:
             self.sampler.target = int(g[0].id.split("-")[1])
             out += real_roll(self, [g], on_turn)
-        seen.extend(s for grp in out for s in grp)
+        if len(groups[0][1]) > 1:  # training groups, not held-out trajectories
+            seen.extend(s for grp in out for s in grp)
         return out
 
     made = []
@@ -179,10 +180,18 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
     monkeypatch.setattr(agent_grpo, "Sampler", sampler)
     monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
     run = write_run(
-        tmp_path, chat_model, observe='directory = "obs"', metrics='tensorboard_dir = "tb"'
+        tmp_path,
+        chat_model,
+        observe='directory = "obs"',
+        metrics='tensorboard_dir = "tb"',
+        evaluation='data = "scenarios.jsonl"\nevery_iterations = 2\nmax_examples = 3',
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
     assert result.updates == 4 and result.global_step == 8
+    # held-out: one trajectory per scenario at updates 2 and 4, seeds fixed for the run
+    assert [u for u, _ in result.evals] == [2, 4]
+    assert result.evals[0][1] == result.evals[1][1]  # forced turns: the same answers
+    assert sorted(scalars(tmp_path / "tb", "eval/mean_reward")) == [4, 8]
     assert (tmp_path / "out" / "adapter.gguf").exists()
     by_parity = {0: set(), 1: set()}
     for s in seen:

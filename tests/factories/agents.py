@@ -51,15 +51,16 @@ class Scripted(Sampler):
         """scripts: {seed: [turn texts]}, or a function (seed, turn) -> text."""
         super().__init__(decoder, tokenizer, fast=False)
         self.scripts = scripts
-        self.turn_of: dict[int, int] = {}  # generator id -> turns begun
+        self.turn_of: dict[int, tuple] = {}  # generator id -> (generator, turns begun)
         self.current: dict[int, list[int]] = {}
 
     def forced(self, row) -> int:
         key = id(row.generator)
         if not row.ids:  # a new turn
             seed = row.generator.initial_seed()
-            k = self.turn_of.get(key, 0)
-            self.turn_of[key] = k + 1
+            # the generator is kept referenced: a dead one's id could name a new trajectory
+            k = self.turn_of.get(key, (None, 0))[1]
+            self.turn_of[key] = (row.generator, k + 1)
             script = self.scripts
             text = script(seed, k) if callable(script) else script[seed][k]
             cut = text.startswith("!cut:")

@@ -37,7 +37,7 @@ from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.trajectory import Trajectory
 from retrograd.agent.world import World
 from retrograd.algorithms import context, outputs, persist
-from retrograd.algorithms.evaluate import Patience
+from retrograd.algorithms.evaluate import Patience, report_rewards
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import permutation
@@ -50,6 +50,7 @@ from retrograd.rewards.judge import judge_request
 from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.sample import held_out
 from retrograd.rollout.shaping import NOT_IN_BASELINE, assign_advantages, zero_signal
 from retrograd.sampling import Sampler
 from retrograd.seeds import SAMPLE, derive_seed
@@ -645,33 +646,11 @@ def _evaluate(cfg, roller, held_file, pos, patience, result, sinks) -> bool:
     """Mean environment reward of one trajectory per held-out scenario, seeds fixed for the
     run (the same adapter scores the same); never the judge."""
     t0 = time.perf_counter()
-    scenarios = list(held_file.scenarios)
-    m = cfg.evaluation.max_examples
-    if m is not None and m < len(scenarios):
-        picks = np.linspace(0, len(scenarios) - 1, m).round().astype(int)
-        scenarios = [scenarios[i] for i in picks]
+    scenarios = held_out(list(held_file.scenarios), cfg.evaluation.max_examples)
     wanted = [(s, [derive_seed(cfg.agent.seed, EVALUATE, 0, i)]) for i, s in enumerate(scenarios)]
     rolled = roll_waves(cfg, roller, wanted)
     rewards = [(s.traj.reward or 0.0) for [s] in rolled]
-    mean = float(np.mean(rewards))
-    improved = patience.update(-mean)
-    result.evals.append((pos.update, mean))
-    log.info(
-        "evaluation at update %d: mean reward %.4f in %.2f s",
-        pos.update,
-        mean,
-        time.perf_counter() - t0,
-    )
-    sinks.evaluation(
-        pos.global_step,
-        {
-            names.EVAL_MEAN_REWARD: mean,
-            names.EVAL_REWARD_MIN: float(min(rewards)),
-            names.EVAL_REWARD_MAX: float(max(rewards)),
-        },
-        improved,
-    )
-    return improved
+    return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
 
 
 def collect_groups(

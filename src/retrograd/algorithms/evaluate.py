@@ -138,3 +138,29 @@ class Patience:
     @property
     def stop(self) -> bool:
         return self.patience is not None and self.stale >= self.patience
+
+
+def report_rewards(rewards: list[float], pos, patience, result, sinks, seconds: float) -> bool:
+    """A rollout loop's evaluation (GRPO, agentic GRPO): the mean reward of the held-out
+    answers feeds patience (negated: lower is better, as for a loss), the result and the sinks.
+    -> whether it improved."""
+    import logging
+
+    from retrograd.observe import names
+
+    mean = float(sum(rewards) / len(rewards))
+    improved = patience.update(-mean)
+    result.evals.append((pos.update, mean))
+    logging.getLogger(__name__).info(
+        "evaluation at update %d: mean reward %.4f in %.2f s", pos.update, mean, seconds
+    )
+    sinks.evaluation(
+        pos.global_step,
+        {
+            names.EVAL_MEAN_REWARD: mean,
+            names.EVAL_REWARD_MIN: float(min(rewards)),
+            names.EVAL_REWARD_MAX: float(max(rewards)),
+        },
+        improved,
+    )
+    return improved

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, outputs, persist
-from retrograd.algorithms.evaluate import Patience
+from retrograd.algorithms.evaluate import Patience, report_rewards
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
@@ -506,25 +506,7 @@ def _evaluate(cfg, sampler, program, held, pos, patience, result, sinks) -> bool
         [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
     )
     rewards = [r.reward for r in replies]
-    mean = float(np.mean(rewards))
-    improved = patience.update(-mean)
-    result.evals.append((pos.update, mean))
-    log.info(
-        "evaluation at update %d: mean reward %.4f in %.2f s",
-        pos.update,
-        mean,
-        time.perf_counter() - t0,
-    )
-    sinks.evaluation(
-        pos.global_step,
-        {
-            names.EVAL_MEAN_REWARD: mean,
-            names.EVAL_REWARD_MIN: float(min(rewards)),
-            names.EVAL_REWARD_MAX: float(max(rewards)),
-        },
-        improved,
-    )
-    return improved
+    return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
 
 
 def _first_last(values: list[float]) -> str:
