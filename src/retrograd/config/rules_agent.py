@@ -167,6 +167,15 @@ def agent_rules(d: Draft) -> Iterator[Issue]:
         yield from judge_rules("agent.judge", a.judge)
     yield from clip_order("agent", a)
     yield from group_fits("agent", a.group_size, d)
+    ctx = d.get("training").ctx
+    if a.max_trajectory_tokens is not None and a.max_trajectory_tokens > ctx:
+        yield issue(
+            "agent",
+            "max_trajectory_tokens",
+            f"must be at most training.ctx ({ctx}): a trajectory trains in one context; raise "
+            "ctx or lower this",
+            a.max_trajectory_tokens,
+        )
     names = [server.name for server in a.mcp_servers]
     for index, server in enumerate(a.mcp_servers):
         yield from mcp_server_rules(

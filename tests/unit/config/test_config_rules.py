@@ -272,6 +272,12 @@ CASES = [
         "run.toml: [agent.mcp_servers][0]: needs exactly one of command (a local server) and url",
     ),
     (
+        "a trajectory fits the context",
+        run_doc("agent_grpo", agent={"max_trajectory_tokens": 64}),
+        run_doc("agent_grpo", agent={"max_trajectory_tokens": 100000}),
+        "run.toml: [agent].max_trajectory_tokens = 100000: must be at most training.ctx",
+    ),
+    (
         "container pool holds a group",
         run_doc(
             "agent_grpo",
