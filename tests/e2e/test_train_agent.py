@@ -349,3 +349,90 @@ def test_collect_keeps_verified_traces_that_sft_and_preference_read(
     read = read_pairs(pairs)
     assert len(read) == 4
     capsys.readouterr()
+
+
+def test_an_http_environment_with_step_rewards_and_an_mcp_server_trains(
+    chat_model, tmp_path, monkeypatch
+):
+    """A real HTTP environment (tests/factories/env_server.py: reach the target 3 with `add`,
+    0.1 a step, 1.0 on reaching it, an opening observation) beside a real stateless MCP server
+    over stdio. Even seeds reach 3 in one call; odd ones ask the MCP server to add, then add 1
+    twice and stop. Rewards are final + step rewards; every episode is closed."""
+    from tests.factories.env_server import env_server
+    from tests.factories.mcp_server import stdio_command
+
+    def script(seed, turn):
+        if seed % 2 == 0:
+            return [call("add", by=3), "done"][turn]
+        return [call("calc__add", a=1, b=2), call("add", by=1), call("add", by=1), "stop"][turn]
+
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    seen = []
+    real = agent_grpo._drop_and_advantage
+
+    def spy(cfg, groups, update):
+        out = real(cfg, groups, update)
+        seen.extend(r for g in groups for r in g.members)
+        return out
+
+    monkeypatch.setattr(agent_grpo, "_drop_and_advantage", spy)
+    with env_server() as server:
+        scenarios = [
+            {"id": f"c{i}", "user": "reach the target", "metadata": {"target": 3, "greet": True}}
+            for i in range(2)
+        ]
+        (tmp_path / "scenarios.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scenarios))
+        run = tmp_path / "run.toml"
+        run.write_text(
+            f"""
+[run]
+algorithm = "agent_grpo"
+[model]
+path = "{chat_model}"
+device = "cpu"
+[output]
+path = "out/adapter.gguf"
+[lora]
+rank = 4
+alpha = 8.0
+[training]
+lr = 1e-2
+ctx = 2048
+micro_batch = 2048
+[agent]
+scenarios = "scenarios.jsonl"
+updates = 1
+scenarios_per_update = 2
+group_size = 4
+epochs_per_update = 1
+max_turns = 4
+max_new_tokens_per_turn = 96
+[agent.environment]
+type = "http"
+base_url = "{server.url}"
+pool_size = 8
+[[agent.mcp_servers]]
+name = "calc"
+command = {json.dumps(stdio_command())}
+stateless = true
+allowed_tools = ["add"]
+"""
+        )
+        result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+        assert result.global_step == 1
+        assert len(server.closed) == 8 == len(server.games)
+    rewards = {}
+    for r in seen:
+        traj = r.extra["sample"].traj
+        assert traj.messages[1] == {"role": "user", "content": "counter 0, target 3"}
+        assert [t["function"]["name"] for t in traj.tools] == ["add", "echo", "calc__add"]
+        rewards.setdefault(traj.seed % 2, set()).add(round(traj.reward, 6))
+        if traj.seed % 2:
+            assert traj.messages[3]["content"] == "3"  # the MCP server's answer
+            assert traj.step_rewards == [pytest.approx(0.1), pytest.approx(0.1)]
+            returns = r.extra["returns"]
+            trained = returns[r.token_mask > 0]
+            assert abs(trained.mean()) < 1e-9 and trained.max() > trained.min()
+        else:
+            assert traj.finish == "done" and traj.step_rewards == [1.0]
+    assert rewards == {0: {1.0}, 1: {0.2}}
