@@ -23,6 +23,7 @@ from retrograd.errors import DataError, TrainingError
 from tests.e2e.test_train_grpo import sinks
 from tests.e2e.test_train_sft import scalars
 from tests.factories.agents import CHAT_TEMPLATE, Scripted, call
+from tests.unit.agent.test_container_env import cli as container_cli
 
 # the judge of sampled (tool-less) trajectories: the share of "e" in what the assistant wrote
 JUDGE = r"""
@@ -46,7 +47,26 @@ def toml(d: dict) -> str:
     return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
 
 
-def write_run(tmp: Path, model: Path, agent: dict | None = None, *, env=True, **sections) -> Path:
+CONTAINER = """
+[agent.environment]
+type = "container"
+profile = "custom"
+image = "localhost/retrograd-agent:bookworm"
+[agent.environment.pool]
+max_live = 4
+reuse = "workspace"
+[agent.environment.limits]
+memory_mb = 256
+[agent.environment.tools]
+default = "mini"
+[agent.environment.tools.toolset.mini]
+tools = ["write_file"]
+"""
+
+
+def write_run(
+    tmp: Path, model: Path, agent: dict | None = None, *, env=True, world=None, **sections
+) -> Path:
     scenarios = [
         {
             "id": f"file-{i}",
@@ -77,7 +97,7 @@ def write_run(tmp: Path, model: Path, agent: dict | None = None, *, env=True, **
     t = {"lr": 2e-2, "ctx": 2048 if env else 128, "micro_batch": 2048 if env else 128}
     t.update(sections.pop("training", {}))
     extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
-    world = (
+    world = world or (
         """
 [agent.environment]
 type = "local"
@@ -436,3 +456,51 @@ allowed_tools = ["add"]
         else:
             assert traj.finish == "done" and traj.step_rewards == [1.0]
     assert rewards == {0: {1.0}, 1: {0.2}}
+
+
+podman = pytest.fixture(container_cli.__wrapped__, scope="module", name="podman")
+
+
+@pytest.mark.slow
+def test_trajectories_act_in_containers(chat_model, tmp_path, monkeypatch, podman):
+    """The forced writers of the local test, each trajectory in its own podman container
+    (the test image; a pool of 4 reused containers): verified where they wrote the answer."""
+    monkeypatch.setenv("RETRO_CONTAINER_CLI", podman[0])
+
+    def script(seed, turn):
+        if seed % 2 or turn:
+            return "no idea" if turn == 0 else "done"
+        return call("write_file", path="answer.txt", content=str(made[0].target))
+
+    made = []
+
+    def sampler(decoder, tokenizer, fast, max_len):
+        made.append(Scripted(decoder, tokenizer, script))
+        return made[-1]
+
+    real_roll = agent_grpo.AgentRoller.roll
+
+    def roll(self, groups, on_turn=None):
+        out = []
+        for g in groups:
+            self.sampler.target = int(g[0].id.split("-")[1])
+            out += real_roll(self, [g], on_turn)
+        return out
+
+    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
+    monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
+    run = write_run(
+        tmp_path, chat_model, {"updates": 1}, world=CONTAINER, metrics='tensorboard_dir = "tb"'
+    )
+    result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert result.updates == 1 and 0 < result.rewards[0] < 1
+    tb = tmp_path / "tb"
+    assert scalars(tb, "env/pool_reuse_fraction")[2] > 0  # 8 leases of at most 4 containers
+    assert scalars(tb, "env/live_containers_max")[2] <= 4
+    assert scalars(tb, "env/sandbox_broken_fraction")[2] == 0.0
+    listed = subprocess.run(
+        [podman[0], "ps", "-a", "-q", "--filter", f"label=retrograd.pid={os.getpid()}"],
+        capture_output=True,
+        text=True,
+    )
+    assert listed.stdout.split() == []  # every container removed at the end of the run
