@@ -2,7 +2,7 @@
 re-prefilling every turn.
 
   .venv/bin/python bench/agent.py [--model M] [--threads 2] [--updates 2] [--warmup 1]
-                                  [--epochs 1] [--ctx 2048] [--rest 20] [--sides kept,reprefill]
+                                  [--epochs 1] [--ctx 2048] [--rest 20]
 
 The update: `run_agent_grpo`, the loop `retrograd train` runs for algorithm = "agent_grpo", on
 one files task (a local environment in a temporary directory, the built-in read_file and
@@ -16,8 +16,8 @@ work (its uniform numbers and selection kernel, the choice then replaced), the l
 of the chosen token, the tool calls in the sandboxes, verify, advantages and the optimizer pass
 (a LoRA rank 8 on q k v o gate up down, AdamW, epochs_per_update 1, beta 0). Odd members write
 a wrong total, so the group has a reward spread (mean 0.5). Each member's text differs (its own
-item names and prices), as sampled trajectories do, so no two rows share a sequence after the
-opening.
+wording and attempt number), as sampled trajectories do, so no two rows share a sequence after
+the opening (identical sequences would be prefilled once).
 
 Phases, per update, the loop's own metrics (timing/*): generation (TurnDecoder.turn: prefill
 and decode), tools (the environment: opening the sandboxes and writing the scenario's files,
@@ -29,12 +29,18 @@ log-probabilities; none at beta 0: the old ones come from the optimizer pass), o
 the ends of consecutive updates, after `--warmup` untimed ones. Tool overhead = (tools + rollout
 other) / update (goal: under 10%).
 
-Sides: "kept" (the default: a trajectory keeps its keys and values between turns, each turn
-prefills only the observation and framing read since) and "reprefill"
-(RETRO_GENERATION_PREFIX_CACHE=0: every turn prefills each whole sequence again), each in its
-own process with bench/tuning.py's process tuning, after `--rest` idle seconds. Positions
-prefilled come from generation/prefilled_tokens. There is no agentic peer that trains a GGUF:
-the comparison is with ourselves and with the original's published figures (formats.md §8.6).
+Kept KV against re-prefilling: in each timed update, after the loop's own rollout (the default:
+a trajectory keeps its keys and values between turns, so a turn prefills only what was read
+since, the observation and the template's framing), the bench rolls the same group again, same
+seeds and same forced tokens, with a TurnDecoder that keeps nothing (keep_kv=False, what
+RETRO_GENERATION_PREFIX_CACHE=0 selects: every turn prefills each whole sequence again); that
+second rollout's time is taken out of the update's figures. Positions prefilled: the loop's
+generation/prefilled_tokens and the second decoder's counter. The worker runs in its own
+process with bench/tuning.py's process tuning, after `--rest` idle seconds. There is no agentic
+peer that trains a GGUF: the comparison is with ourselves and with the original's published
+figures (formats.md §8.6); TRL's GRPOTrainer has a tool loop, but it refuses a chat template
+that cannot render tool calls, as Gemma 3's.
+
 Results go to docs/performance.md by hand, with this command.
 """
 
