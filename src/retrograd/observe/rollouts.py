@@ -313,52 +313,39 @@ class ObserveWriter:
 
     def _rollout(self, update: int, group: Group, r: Rollout, texts: bool) -> dict[str, Any]:
         trained = r.trained if r.trained is not None else (False if r.skip_reason else None)
+        fields: dict[str, Any] = {
+            "update": update,
+            "group": group.index,
+            "member": r.member,
+            "prompt": group.prompt.key,
+            "seed": r.seed,
+            "completion": clip_text(r.text, self.max_text_chars) if texts else None,
+            "tokens": r.n_tokens,
+            "truncated": bool(r.truncated),
+            "reward": number(r.reward),
+            "advantage": number(r.advantage),
+            "trained": trained,
+            "skip_reason": r.skip_reason,
+            "reward_raw": number(r.reward_raw),
+            "judge_term": number(r.judge_term),
+        }
         sample = r.extra.get("sample")
         if sample is not None:  # an agentic trajectory: its conversation, not one completion
             traj = sample.traj
-            return self._record(
-                "rollout",
-                update=update,
-                group=group.index,
-                member=r.member,
-                prompt=group.prompt.key,
-                seed=r.seed,
-                messages=clip_messages(traj.messages, self.max_text_chars) if texts else None,
-                tokens=traj.n_tokens,
-                truncated=bool(traj.truncated),
-                reward=number(r.reward),
-                advantage=number(r.advantage),
-                trained=trained,
-                skip_reason=r.skip_reason,
-                reward_raw=number(r.reward_raw),
-                judge_term=None,
-                step_rewards=[number(x) for x in traj.step_rewards],
-                terminal_reward_raw=number(traj.final_reward),
-                turns=len(traj.turns),
-                tool_calls=sum(len(t.calls) for t in traj.turns),
-                tool_errors=sum(
-                    1 for t in traj.turns for o in t.observations if o.get("is_error")
-                ),
-                finish=traj.finish,
-                failure=traj.failure,
-            )
-        return self._record(
-            "rollout",
-            update=update,
-            group=group.index,
-            member=r.member,
-            prompt=group.prompt.key,
-            seed=r.seed,
-            completion=clip_text(r.text, self.max_text_chars) if texts else None,
-            tokens=r.n_tokens,
-            truncated=bool(r.truncated),
-            reward=number(r.reward),
-            advantage=number(r.advantage),
-            trained=trained,
-            skip_reason=r.skip_reason,
-            reward_raw=number(r.reward_raw),
-            judge_term=number(r.judge_term),
-        )
+            errors = [o for t in traj.turns for o in t.observations if o.get("is_error")]
+            fields |= {
+                "completion": None,
+                "messages": clip_messages(traj.messages, self.max_text_chars) if texts else None,
+                "tokens": traj.n_tokens,  # the policy's own
+                "step_rewards": [number(x) for x in traj.step_rewards],
+                "terminal_reward_raw": number(traj.final_reward),
+                "turns": len(traj.turns),
+                "tool_calls": sum(len(t.calls) for t in traj.turns),
+                "tool_errors": len(errors),
+                "finish": traj.finish,
+                "failure": traj.failure,
+            }
+        return self._record("rollout", **fields)
 
     def _send(self, records: list[dict[str, Any]]) -> None:
         """Queue one batch (pending prompts first); drop it when the queue is full."""
