@@ -446,13 +446,13 @@ def report(args, r: dict) -> None:
     env = mean(ups, "tools") + mean(ups, "rollout other")
     print(
         f"updates {[u['total'] for u in ups]} s; first update {r['first_update_s']:.1f} s; tool "
-        f"and environment overhead {env:.2f} s = {100 * env / total:.1f}% of the update (goal "
-        f"< 10%; the tools alone {100 * mean(ups, 'tools') / total:.1f}%); generation "
-        f"{100 * mean(ups, 'generation') / total:.1f}%, optimizer "
-        f"{100 * mean(ups, 'optimizer') / total:.1f}%"
+        f"and environment overhead {env:.2f} s = {100 * env / total:.2f}% of the update (goal "
+        f"< 10%; the tools alone {100 * mean(ups, 'tools') / total:.2f}%); generation "
+        f"{100 * mean(ups, 'generation') / total:.2f}%, optimizer "
+        f"{100 * mean(ups, 'optimizer') / total:.2f}%"
     )
     print(
-        f"trajectory tokens (mean) {mean(seen, 'length'):.0f}; turns {mean(seen, 'turns'):.2f}; "
+        f"sampled tokens a trajectory {mean(seen, 'length'):.0f}; turns {mean(seen, 'turns'):.2f}; "
         f"calls a turn {mean(seen, 'calls_per_turn'):.2f}; tool errors "
         f"{mean(seen, 'tool_errors'):.2f}; reward {mean(seen, 'reward'):.3f}; trained "
         f"{mean(seen, 'trained'):.2f}; sampler/trainer log-prob gap {mean(seen, 'gap'):.4f}; "
