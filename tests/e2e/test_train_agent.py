@@ -302,6 +302,71 @@ def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, scripted, monke
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
     assert result.skipped == 1 and result.global_step == 0
+    # every trajectory complete and scored alike: usable, nothing to learn, no error
+    monkeypatch.setattr("tests.e2e.test_train_agent.solving", lambda seed, turn: "no idea")
+    run = write_run(tmp_path, chat_model, {"updates": 1})
+    result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert result.skipped == 0 and result.no_signal == 1 and result.global_step == 0
+
+
+def force(monkeypatch, script):
+    """The loop's sampler writes script(seed, turn, target), target the scenario's number."""
+    made = []
+
+    def sampler(decoder, tokenizer, fast, max_len):
+        made.append(
+            Scripted(decoder, tokenizer, lambda seed, turn: script(seed, turn, made[0].target))
+        )
+        return made[-1]
+
+    real_roll = agent_grpo.AgentRoller.roll
+
+    def roll(self, groups, on_turn=None):
+        out = []
+        for g in groups:
+            self.sampler.target = int(g[0].id.split("-")[1])
+            out += real_roll(self, [g], on_turn)
+        return out
+
+    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
+    monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
+
+
+def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp_path, monkeypatch):
+    """Even members write the answer and stop (1.0); odd ones write a wrong one and are cut by
+    max_turns (their own verify: 0). With truncation = "min_reward" the cut ones train at the
+    group's minimum, 0, not at the minimum of the complete ones (1.0): the groups have signal."""
+
+    def script(seed, turn, target):
+        if seed % 2 == 0:
+            return (
+                call("write_file", path="answer.txt", content=str(target)) if turn == 0 else "done"
+            )
+        return call("write_file", path="answer.txt", content="x")
+
+    force(monkeypatch, script)
+    seen = []
+    real = agent_grpo._drop_and_advantage
+
+    def spy(cfg, groups, update):
+        out = real(cfg, groups, update)
+        seen.extend(r for g in groups for r in g.members)
+        return out
+
+    monkeypatch.setattr(agent_grpo, "_drop_and_advantage", spy)
+    run = write_run(
+        tmp_path, chat_model, {"updates": 1, "max_turns": 2, "truncation": "min_reward"}
+    )
+    result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
+    mixed = {r.group for r in seen if r.seed % 2} & {r.group for r in seen if r.seed % 2 == 0}
+    assert mixed and result.global_step == 2
+    for r in seen:
+        cut = r.seed % 2 == 1
+        assert r.truncated == cut and r.reward == (0.0 if cut else 1.0)
+        if r.group in mixed:  # a group of both kinds has signal: the cut ones push down
+            assert r.skip_reason is None and r.trained and (r.advantage < 0) == cut
+        else:
+            assert r.skip_reason == "zero_signal"
 
 
 def test_bad_scenarios_are_refused_before_the_model_loads(

@@ -69,6 +69,7 @@ _NOT_TRAJECTORY = {
     "judge",
 }
 AGENT_NOT_IN_BASELINE = (*NOT_IN_BASELINE, "truncated")
+USABLE = (None, "zero_signal")  # scored and kept, though a group without signal trains nothing
 
 
 @dataclass
@@ -100,7 +101,8 @@ class AgentResult:
     rewards: list[float] = field(default_factory=list)  # mean reward of each update
     evals: list[tuple[int, float]] = field(default_factory=list)
     best_eval: float | None = None
-    skipped: int = 0
+    skipped: int = 0  # updates with fewer than two usable trajectories (skip_empty_updates)
+    no_signal: int = 0  # updates whose every group scored alike
 
 
 class ScenarioStream:
@@ -244,21 +246,24 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
             groups, samples, values = _roll_and_score(cfg, roller, world, batch, update)
             values.update(_drop_and_advantage(cfg, groups, update))
             trained = [r for grp in groups for r in grp.members if r.eligible]
+            usable = sum(1 for grp in groups for r in grp.members if r.skip_reason in USABLE)
             if observe is not None:
                 observe.rollouts(update, groups)
                 observe.selection(update, groups)
             before = pos.global_step
-            if len(trained) < 2:
+            if usable < 2:
                 if not a.skip_empty_updates:
                     raise TrainingError(
-                        f"update {update}: {len(trained)} trajectories can train (at least 2 "
-                        "needed); see agent/failed_fraction and agent/truncated_fraction, or set "
+                        f"update {update}: {usable} trajectories are usable (at least 2 needed); "
+                        "see agent/failed_fraction and agent/truncated_fraction, or set "
                         "[agent].skip_empty_updates = true"
                     )
                 for grp in groups:
                     grp.skip("update_skipped")
                 trained = []
                 result.skipped += 1
+            elif not trained:  # usable, but every group scored alike: nothing to learn
+                result.no_signal += 1
             if trained:
                 t1 = time.perf_counter()
                 if a.kl_coefficient > 0:
@@ -329,7 +334,8 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
         {
             "adapter": str(result.output),
             "mean reward, first -> last update": _first_last(result.rewards),
-            "updates skipped (too few trajectories)": result.skipped,
+            "updates skipped (fewer than 2 usable trajectories)": result.skipped,
+            "updates without signal (every group scored alike)": result.no_signal,
             "stopped early": result.stopped or "no",
         }
     )
@@ -502,16 +508,14 @@ def _drop_and_advantage(cfg, groups: list[Group], update: int) -> dict[str, floa
     a = cfg.agent
     requested = sum(len(g.members) for g in groups)
     for g in groups:
-        complete = [
-            r.reward
-            for r in g.members
-            if r.skip_reason is None and not r.truncated and r.reward is not None
-        ]
+        # min_reward: the group's lowest total reward, the cut trajectory's own included (a
+        # cut one never counts as better than the group's worst)
+        scored = [r.reward for r in g.members if r.skip_reason is None and r.reward is not None]
         for r in g.members:
             if r.skip_reason is not None or not r.truncated:
                 continue
-            if a.truncation == "min_reward" and complete:
-                r.reward_raw, r.judge_term = min(complete), None
+            if a.truncation == "min_reward" and scored:
+                r.reward_raw, r.judge_term = min(scored), None
             else:
                 r.skip_reason = "truncated"
         if any(getattr(r.extra["sample"], "degenerate", False) for r in g.members):

@@ -116,7 +116,7 @@ class _Member:
     thread: Thread
     toolbox: Toolbox | None
     render: list[dict]  # the conversation as rendered: assistant turns as sampled (raw)
-    text: str  # what the model has read and written so far (rendered, BOS stripped)
+    rendered: str  # the template's render of the context before the last turn (BOS stripped)
     started: float
     failed_in_row: int = 0
     calls: int = 0
@@ -279,7 +279,6 @@ class AgentRoller:
         traj.messages.append(assistant)
         raw = dict(assistant, content=c.text, raw=True)
         m.render.append(raw)
-        m.text += c.text
         m.end = end
         if c.finish_reason != FINISH_STOP:
             self._end(m, "max_tokens")
@@ -365,40 +364,44 @@ class AgentRoller:
         )
 
     def _next_context(self, m: _Member) -> None:
-        """The tokens read before the next turn: the render's text after the sampled turn."""
+        """The tokens read before the next turn: the render's text after the sampled turn.
+
+        Renders are compared with renders (the context before the turn must be a prefix of
+        the conversation with the turn, which must be a prefix of the next context), never
+        with the sampled text: a template that normalises turns (Gemma's `trim`) renders
+        earlier turns unlike their sampled tokens, which the model keeps reading as sampled.
+        """
         tools = m.sample.traj.tools or None
+        turn = m.sample.traj.turns[-1].text
+        where = len(m.sample.traj.turns)
         try:
             with_turn = self.chat._strip_bos(self.chat.render(self._upto_turn(m), tools))
             full = self.chat._strip_bos(
                 self.chat.render(m.render, tools, add_generation_prompt=True)
             )
         except Exception as e:  # a template that cannot render the conversation
-            self._end(
-                m, "failed", f"the chat template cannot render turn {len(m.sample.traj.turns)}: {e}"
-            )
+            self._end(m, "failed", f"the chat template cannot render turn {where}: {e}")
             return
-        sampled = m.text  # prompt + the turn's sampled text (without its end token)
-        before = sampled[: len(sampled) - len(m.sample.traj.turns[-1].text)]
-        if not full.startswith(with_turn) or not with_turn.startswith(before):
+        if not with_turn.startswith(m.rendered) or not full.startswith(with_turn):
             self._end(
                 m,
                 "failed",
                 "the chat template does not render the conversation as a prefix of its "
-                f"continuation at turn {len(m.sample.traj.turns)}",
+                f"continuation at turn {where}",
             )
             return
-        rendered_turn = with_turn[len(before) :]
+        rendered_turn = with_turn[len(m.rendered) :]
         end = m.end
-        if rendered_turn.startswith(m.sample.traj.turns[-1].text + end):
-            framing = rendered_turn[len(m.sample.traj.turns[-1].text + end) :]
+        if rendered_turn.startswith(turn + end):
+            framing = rendered_turn[len(turn + end) :]
         else:  # the template normalised the turn (e.g. trimmed it): keep the sampled tokens
             at = rendered_turn.rfind(end) if end else -1
             if at < 0:
                 self._end(
                     m,
                     "failed",
-                    f"turn {len(m.sample.traj.turns)}: the chat template renders the sampled "
-                    "turn without its end token",
+                    f"turn {where}: the chat template renders the sampled turn without its "
+                    "end token",
                 )
                 return
             framing = rendered_turn[at + len(end) :]
@@ -409,7 +412,7 @@ class AgentRoller:
         s.mask += [0] * len(ids)
         s.logprobs += [0.0] * len(ids)
         m.thread.seq += ids
-        m.text = sampled + end + suffix
+        m.rendered = full
 
     def _upto_turn(self, m: _Member) -> list[dict]:
         """The rendered conversation up to and including the last assistant turn."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from retrograd.agent.scenarios import parse_scenario
 from retrograd.rollout.agent import AgentRoller, Limits
@@ -166,3 +167,31 @@ def test_opening_observations_and_system_suffix(model):
             {"role": "user", "content": "the counter is at 0"},
         ]
         assert s.traj.tools[0]["function"]["name"] == "add"
+
+
+TRIMMING = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def test_a_template_that_trims_turns_still_continues_them_as_sampled(tmp_path):
+    """Gemma's template trims what the model wrote: turns ending in whitespace are rendered
+    unlike their tokens, at every later turn too; the trajectory goes on and keeps reading
+    its own sampled tokens."""
+    import retrograd
+    from tests.factories.tiny_gguf import write_tiny
+
+    path = write_tiny(tmp_path / "trim.gguf", "gemma3", chat_template=TRIMMING)
+    model = retrograd.load(path, device="cpu", dtype=torch.float32)
+    scripts = {1: [call("add", n=1) + "\n\n", call("add", n=2) + "\n", "done"]}
+    [s], _ = roll(model, scripts, CounterEnvironment())
+    assert s.traj.finish == "no_tool_call", s.traj.failure
+    assert s.traj.final_reward == 1.0 and len(s.traj.turns) == 3
+    trained = [t for t, m in zip(s.seq, s.mask, strict=True) if m]
+    tok = model.tokenizer
+    want = []
+    for text in scripts[1]:
+        want += tok.tokenize(text, add_bos=False, parse_special=True) + [EOS]
+    assert trained == want  # the trailing newlines stay in what the model read and trains
