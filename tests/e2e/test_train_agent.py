@@ -346,14 +346,14 @@ def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp
 
     force(monkeypatch, script)
     seen = []
-    real = agent_grpo._drop_and_advantage
+    real = agent_grpo.drop_and_advantage
 
     def spy(cfg, groups, update):
         out = real(cfg, groups, update)
         seen.extend(r for g in groups for r in g.members)
         return out
 
-    monkeypatch.setattr(agent_grpo, "_drop_and_advantage", spy)
+    monkeypatch.setattr(agent_grpo, "drop_and_advantage", spy)
     run = write_run(
         tmp_path, chat_model, {"updates": 1, "max_turns": 2, "truncation": "min_reward"}
     )
@@ -453,14 +453,14 @@ def test_an_http_environment_with_step_rewards_and_an_mcp_server_trains(
 
     monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
     seen = []
-    real = agent_grpo._drop_and_advantage
+    real = agent_grpo.drop_and_advantage
 
     def spy(cfg, groups, update):
         out = real(cfg, groups, update)
         seen.extend(r for g in groups for r in g.members)
         return out
 
-    monkeypatch.setattr(agent_grpo, "_drop_and_advantage", spy)
+    monkeypatch.setattr(agent_grpo, "drop_and_advantage", spy)
     with env_server() as server:
         scenarios = [
             {"id": f"c{i}", "user": "reach the target", "metadata": {"target": 3, "greet": True}}
