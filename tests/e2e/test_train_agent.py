@@ -147,35 +147,21 @@ def solving(seed: int, turn: int) -> str:
     return "done"
 
 
-@pytest.fixture
-def scripted(monkeypatch):
-    """The loop's sampler forces turns: even seeds write the scenario's number, odd ones not."""
-    made = []
+def force(monkeypatch, script) -> list:
+    """The loop's sampler writes script(seed, turn, target), target the scenario's number
+    (the groups of a wave are rolled one at a time, so that each knows its target). -> the
+    list the training groups' samples are added to."""
+    made, seen = [], []
 
     def sampler(decoder, tokenizer, fast, max_len):
-        def script(seed, turn):
-            text = solving(seed, turn)
-            if text == "!target":
-                return call("write_file", path="answer.txt", content="0")
-            return text
+        made.append(
+            Scripted(decoder, tokenizer, lambda seed, turn: script(seed, turn, made[0].target))
+        )
+        return made[-1]
 
-        s = Scripted(decoder, tokenizer, script)
-        made.append(s)
-        return s
-
-    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
-    return made
-
-
-def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_path, monkeypatch):
-    """Forced turns: the trajectories that write the right answer are verified (reward 1),
-    the others are not (0); the update trains on the policy's tokens only and is observed."""
-    seen = []
     real_roll = agent_grpo.AgentRoller.roll
 
     def roll(self, groups, on_turn=None):
-        # each group's target is its scenario's number; all scenarios of a wave share one
-        # sampler, so roll one group at a time
         out = []
         for g in groups:
             self.sampler.target = int(g[0].id.split("-")[1])
@@ -184,21 +170,21 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
             seen.extend(s for grp in out for s in grp)
         return out
 
-    made = []
-
-    def sampler(decoder, tokenizer, fast, max_len):
-        def script(seed, turn):
-            text = solving(seed, turn)
-            if text == "!target":
-                return call("write_file", path="answer.txt", content=str(made[0].target))
-            return text
-
-        s = Scripted(decoder, tokenizer, script)
-        made.append(s)
-        return s
-
     monkeypatch.setattr(agent_grpo, "Sampler", sampler)
     monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
+    return seen
+
+
+def writes_target(seed: int, turn: int, target: int) -> str:
+    """solving(), with the scenario's number written where it says "!target"."""
+    text = solving(seed, turn)
+    return call("write_file", path="answer.txt", content=str(target)) if text == "!target" else text
+
+
+def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_path, monkeypatch):
+    """Forced turns: the trajectories that write the right answer are verified (reward 1),
+    the others are not (0); the update trains on the policy's tokens only and is observed."""
+    seen = force(monkeypatch, writes_target)
     run = write_run(
         tmp_path,
         chat_model,
@@ -283,9 +269,10 @@ def test_judged_trajectories_train_and_resume_exactly_after_a_kill(chat_model, t
     ).read_bytes()
 
 
-def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, scripted, monkeypatch):
+def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, monkeypatch):
     """Every trajectory cut by max_turns and dropped: the run stops (max_dropped_fraction), or
     with max_dropped_fraction = 1 the update has nothing to train and skips when asked."""
+    force(monkeypatch, writes_target)
     monkeypatch.setattr("tests.e2e.test_train_agent.solving", lambda seed, turn: "!target")
     run = write_run(tmp_path, chat_model, {"max_turns": 1, "updates": 1})
     with pytest.raises(TrainingError, match="max_dropped_fraction"):
@@ -307,29 +294,6 @@ def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, scripted, monke
     run = write_run(tmp_path, chat_model, {"updates": 1})
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
     assert result.skipped == 0 and result.no_signal == 1 and result.global_step == 0
-
-
-def force(monkeypatch, script):
-    """The loop's sampler writes script(seed, turn, target), target the scenario's number."""
-    made = []
-
-    def sampler(decoder, tokenizer, fast, max_len):
-        made.append(
-            Scripted(decoder, tokenizer, lambda seed, turn: script(seed, turn, made[0].target))
-        )
-        return made[-1]
-
-    real_roll = agent_grpo.AgentRoller.roll
-
-    def roll(self, groups, on_turn=None):
-        out = []
-        for g in groups:
-            self.sampler.target = int(g[0].id.split("-")[1])
-            out += real_roll(self, [g], on_turn)
-        return out
-
-    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
-    monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
 
 
 def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp_path, monkeypatch):
@@ -531,29 +495,7 @@ def test_trajectories_act_in_containers(chat_model, tmp_path, monkeypatch, podma
     """The forced writers of the local test, each trajectory in its own podman container
     (the test image; a pool of 4 reused containers): verified where they wrote the answer."""
     monkeypatch.setenv("RETRO_CONTAINER_CLI", podman[0])
-
-    def script(seed, turn):
-        if seed % 2 or turn:
-            return "no idea" if turn == 0 else "done"
-        return call("write_file", path="answer.txt", content=str(made[0].target))
-
-    made = []
-
-    def sampler(decoder, tokenizer, fast, max_len):
-        made.append(Scripted(decoder, tokenizer, script))
-        return made[-1]
-
-    real_roll = agent_grpo.AgentRoller.roll
-
-    def roll(self, groups, on_turn=None):
-        out = []
-        for g in groups:
-            self.sampler.target = int(g[0].id.split("-")[1])
-            out += real_roll(self, [g], on_turn)
-        return out
-
-    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
-    monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
+    force(monkeypatch, writes_target)
     run = write_run(
         tmp_path, chat_model, {"updates": 1}, world=CONTAINER, metrics='tensorboard_dir = "tb"'
     )
