@@ -152,6 +152,14 @@ class Environment(ABC):
         opening one: for `tools list`, collect and scenario generation."""
         return []
 
+    def check_scenarios(self, scenarios, require_verify: bool = False) -> None:  # noqa: B027
+        """Refuse, before the first rollout, scenarios this environment cannot run (and, with
+        require_verify, ones it cannot grade). Nothing to check by default."""
+
+    def metrics(self) -> dict[str, float]:
+        """env/* values since the last call (formats.md §7.2); none by default."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 (most environments hold nothing to release)
         """End of run: release pooled resources, reap what is left."""
 

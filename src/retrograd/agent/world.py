@@ -34,7 +34,7 @@ class World:
 
     def check(self, scenarios: ScenarioFile, held: ScenarioFile | None) -> None:
         env = self.environment
-        if env is not None and hasattr(env, "check_scenarios"):
+        if env is not None:
             env.check_scenarios(scenarios.scenarios)
             if held is not None:
                 env.check_scenarios(held.scenarios, require_verify=True)

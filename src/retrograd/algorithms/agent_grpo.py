@@ -395,7 +395,7 @@ def _roll_andscore_groups(cfg, roller, world, batch, update):
     )
     values.update(judged)
     env = world.environment
-    if env is not None and hasattr(env, "metrics"):
+    if env is not None:
         values.update(env.metrics())
     return groups, samples, values
 
@@ -497,7 +497,7 @@ def collect_groups(
     world = World(cfg, run_dir)
     try:
         env = world.environment
-        if env is not None and hasattr(env, "check_scenarios"):
+        if env is not None:
             env.check_scenarios(scenarios)
         model = retrograd.load(model_path, device=cfg.model.device, threads=cfg.training.threads)
         if cfg.lora is not None and cfg.lora.init_adapter:

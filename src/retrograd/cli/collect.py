@@ -179,8 +179,7 @@ def build_environment(cfg, run_dir: Path, scenarios):
 
     environment = open_environment(cfg.agent.environment, run_dir)
     try:
-        if hasattr(environment, "check_scenarios"):
-            environment.check_scenarios(scenarios)
+        environment.check_scenarios(scenarios)
     except BaseException:
         environment.close()
         raise
