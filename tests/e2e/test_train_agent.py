@@ -511,3 +511,43 @@ def test_trajectories_act_in_containers(chat_model, tmp_path, monkeypatch, podma
         text=True,
     )
     assert listed.stdout.split() == []  # every container removed at the end of the run
+
+
+def test_the_reference_default_micro_batch_gives_the_whole_context_update(
+    chat_model, tmp_path, monkeypatch
+):
+    """Judged one-turn trajectories at ctx 128 with the default micro_batch (32: a group's
+    trajectories are scored in several passes) and with micro_batch = ctx: the same first step."""
+    from gguf import GGUFReader
+
+    from tests.factories.agent_train import script
+
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    adapters, losses = [], []
+    for micro in (None, 128):
+        tmp = tmp_path / str(micro)
+        tmp.mkdir()
+        training = {"micro_batch": micro} if micro else {}
+        run = write_run(
+            tmp,
+            chat_model,
+            {"updates": 1, "epochs_per_update": 1},
+            env=False,
+            training=training,
+            metrics='tensorboard_dir = "tb"',
+        )
+        text = run.read_text()
+        if micro is None:
+            text = text.replace("micro_batch = 128\n", "")
+        run.write_text(text)
+        cfg = load_run(run)
+        assert cfg.training.micro_batch == (micro or 32)
+        agent_grpo.run_agent_grpo(cfg, run_file=run, sinks=sinks())
+        reader = GGUFReader(tmp / "out" / "adapter.gguf")
+        adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
+        losses.append(scalars(tmp / "tb", "policy/surrogate_loss")[1])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
+    default, whole = adapters
+    moved = sum(float(np.abs(v).sum()) for k, v in whole.items() if k.endswith(".lora_b"))
+    diff = sum(float(np.abs(default[k] - whole[k]).sum()) for k in whole)
+    assert moved > 0 and diff < 1e-3 * moved, (diff, moved)
