@@ -37,6 +37,45 @@ SPECS: dict[str, TinySpec] = {
     "phi3": TinySpec("phi3", tied=False),
 }
 
+# Families written by their own modules (tests/factories/tiny_<group>.py): name -> writer
+# (path, seed, chat_template) -> path. They register themselves here on import.
+WRITERS: dict = {}
+FAMILY_MODULES = ("tiny_dense", "tiny_moe", "tiny_recurrent")
+
+
+def _load_family_writers() -> None:
+    import importlib
+
+    for module in FAMILY_MODULES:
+        try:
+            importlib.import_module(f"tests.factories.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tests.factories.{module}":
+                raise
+
+
+def names() -> list[str]:
+    """Every tiny model the factory writes: SPECS and the registered families."""
+    _load_family_writers()
+    return sorted(set(SPECS) | set(WRITERS))
+
+
+def add_tokenizer(w: gguf.GGUFWriter, chat_template: str | None = None) -> None:
+    """The tiny SPM vocabulary, special ids and an optional chat template."""
+    tokens, scores, types = vocab()
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
 
 def vocab() -> tuple[list[str], list[float], list[int]]:
     """An SPM vocabulary: unk, bos, eos, 256 byte tokens, then word pieces."""
@@ -58,18 +97,21 @@ def vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _w(rng: np.random.Generator, *shape: int, scale: float | None = None) -> np.ndarray:
+def rand(rng: np.random.Generator, *shape: int, scale: float | None = None) -> np.ndarray:
     scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+def norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
 
 def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None = None) -> Path:
     """Write the F32 tiny model `name` (a key of SPECS) to path, with `chat_template` as its
     tokenizer.chat_template when given (none otherwise, as the Gemma test model)."""
+    if name not in SPECS:
+        _load_family_writers()
+        return WRITERS[name](path, seed, chat_template)
     spec = SPECS[name]
     arch = spec.arch
     rng = np.random.default_rng(seed)
@@ -95,58 +137,46 @@ def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None =
     if arch == "gemma2":
         w.add_attn_logit_softcapping(50.0)
         w.add_final_logit_softcapping(30.0)
-    tokens, scores, types = vocab()
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
+    add_tokenizer(w, chat_template)
 
     w.add_tensor(
         "token_embd.weight",
-        _w(rng, N_VOCAB, N_EMBD, scale=1.0 if arch.startswith("gemma") else 0.5)
+        rand(rng, N_VOCAB, N_EMBD, scale=1.0 if arch.startswith("gemma") else 0.5)
         / (16.0 if arch.startswith("gemma") else 1.0),
     )
-    w.add_tensor("output_norm.weight", _norm(rng, N_EMBD))
+    w.add_tensor("output_norm.weight", norm_weight(rng, N_EMBD))
     if not spec.tied:
-        w.add_tensor("output.weight", _w(rng, N_VOCAB, N_EMBD))
+        w.add_tensor("output.weight", rand(rng, N_VOCAB, N_EMBD))
     if spec.rope_freqs:
         w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
     q_len, kv_len = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
     for il in range(spec.n_layer):
         b = f"blk.{il}."
-        w.add_tensor(b + "attn_norm.weight", _norm(rng, N_EMBD))
+        w.add_tensor(b + "attn_norm.weight", norm_weight(rng, N_EMBD))
         if arch == "phi3":
-            w.add_tensor(b + "attn_qkv.weight", _w(rng, q_len + 2 * kv_len, N_EMBD))
+            w.add_tensor(b + "attn_qkv.weight", rand(rng, q_len + 2 * kv_len, N_EMBD))
         else:
-            w.add_tensor(b + "attn_q.weight", _w(rng, q_len, N_EMBD))
-            w.add_tensor(b + "attn_k.weight", _w(rng, kv_len, N_EMBD))
-            w.add_tensor(b + "attn_v.weight", _w(rng, kv_len, N_EMBD))
+            w.add_tensor(b + "attn_q.weight", rand(rng, q_len, N_EMBD))
+            w.add_tensor(b + "attn_k.weight", rand(rng, kv_len, N_EMBD))
+            w.add_tensor(b + "attn_v.weight", rand(rng, kv_len, N_EMBD))
         if spec.qkv_bias:
-            w.add_tensor(b + "attn_q.bias", _w(rng, q_len, scale=0.1))
-            w.add_tensor(b + "attn_k.bias", _w(rng, kv_len, scale=0.1))
-            w.add_tensor(b + "attn_v.bias", _w(rng, kv_len, scale=0.1))
+            w.add_tensor(b + "attn_q.bias", rand(rng, q_len, scale=0.1))
+            w.add_tensor(b + "attn_k.bias", rand(rng, kv_len, scale=0.1))
+            w.add_tensor(b + "attn_v.bias", rand(rng, kv_len, scale=0.1))
         if arch in ("qwen3", "gemma3"):
-            w.add_tensor(b + "attn_q_norm.weight", _norm(rng, HEAD_DIM))
-            w.add_tensor(b + "attn_k_norm.weight", _norm(rng, HEAD_DIM))
-        w.add_tensor(b + "attn_output.weight", _w(rng, N_EMBD, q_len))
-        w.add_tensor(b + "ffn_norm.weight", _norm(rng, N_EMBD))
+            w.add_tensor(b + "attn_q_norm.weight", norm_weight(rng, HEAD_DIM))
+            w.add_tensor(b + "attn_k_norm.weight", norm_weight(rng, HEAD_DIM))
+        w.add_tensor(b + "attn_output.weight", rand(rng, N_EMBD, q_len))
+        w.add_tensor(b + "ffn_norm.weight", norm_weight(rng, N_EMBD))
         if arch == "phi3":
-            w.add_tensor(b + "ffn_up.weight", _w(rng, 2 * N_FF, N_EMBD))
+            w.add_tensor(b + "ffn_up.weight", rand(rng, 2 * N_FF, N_EMBD))
         else:
-            w.add_tensor(b + "ffn_gate.weight", _w(rng, N_FF, N_EMBD))
-            w.add_tensor(b + "ffn_up.weight", _w(rng, N_FF, N_EMBD))
-        w.add_tensor(b + "ffn_down.weight", _w(rng, N_EMBD, N_FF))
+            w.add_tensor(b + "ffn_gate.weight", rand(rng, N_FF, N_EMBD))
+            w.add_tensor(b + "ffn_up.weight", rand(rng, N_FF, N_EMBD))
+        w.add_tensor(b + "ffn_down.weight", rand(rng, N_EMBD, N_FF))
         if arch.startswith("gemma"):
-            w.add_tensor(b + "post_attention_norm.weight", _norm(rng, N_EMBD))
-            w.add_tensor(b + "post_ffw_norm.weight", _norm(rng, N_EMBD))
+            w.add_tensor(b + "post_attention_norm.weight", norm_weight(rng, N_EMBD))
+            w.add_tensor(b + "post_ffw_norm.weight", norm_weight(rng, N_EMBD))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

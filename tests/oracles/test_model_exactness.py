@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import retrograd
-from tests.factories.tiny_gguf import SPECS
+from tests.factories.tiny_gguf import names
 from tests.oracles.llama_oracle import llama_logits, open_llama
 
 pytestmark = pytest.mark.oracle
@@ -24,7 +24,7 @@ def compare(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(np.abs(ours - ref).max()), float((ours.argmax(-1) == ref.argmax(-1)).mean())
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", names())
 def test_f32_tiny_models_match_llama_cpp(tiny_model, name):
     path = tiny_model(name)
     ours = retrograd.load(path, device="cpu", dtype=torch.float32).logits(IDS).numpy()
