@@ -40,7 +40,7 @@ SPECS: dict[str, TinySpec] = {
 # Families written by their own modules (tests/factories/tiny_<group>.py): name -> writer
 # (path, seed, chat_template) -> path. They register themselves here on import.
 WRITERS: dict = {}
-FAMILY_MODULES = ("tiny_dense", "tiny_moe", "tiny_recurrent")
+FAMILY_MODULES = ("tiny_dense", "tiny_moe", "tiny_recurrent", "tiny_gdn", "tiny_lfm2")
 
 
 def _load_family_writers() -> None:

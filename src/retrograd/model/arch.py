@@ -32,6 +32,16 @@ class ArchFacts:
     big_model_head_scale_layers: int = -1  # n_layer at which q scale is 1/sqrt(n_embd/n_head)
     rope_freqs_tensor: bool = False  # llama 3: rope_freqs.weight divides the frequencies
     lora_targets_auto: tuple[str, ...] = ("q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down")
+    # (tensor suffix present in a layer -> its token mixer), first match; else "attention"
+    mixers: tuple[tuple[str, str], ...] = ()
+    pre_norms: bool = True  # attn_norm and ffn_norm before each sub-layer (olmo2: none)
+    output_norm: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
+    qk_norm_full: bool = False  # olmo2: one RMSNorm over all heads of q (and of k) before rope
+    multipliers: bool = False  # granite: embedding, residual, attention and logit scales
+    rope_finetuned_switch: bool = False  # granite: rope.scaling.finetuned = false: no rope
+    no_rope_every: int = 0  # smollm3: every n-th layer (il + 1 divisible by n) has no rope
+    attn_temperature: bool = False  # mistral3: llama 4's position-dependent scale of q
+    yarn_keys: bool = False  # mistral3: YaRN betas and log multiplier read from the file
 
 
 ARCHS: dict[str, ArchFacts] = {
@@ -61,6 +71,32 @@ ARCHS: dict[str, ArchFacts] = {
         swa_needs_key=False,
         big_model_head_scale_layers=46,
     ),
+    "granite": ArchFacts(
+        "granite",
+        ROPE_NORM,
+        "silu",
+        rope_freqs_tensor=True,
+        multipliers=True,
+        rope_finetuned_switch=True,
+    ),
+    "olmo2": ArchFacts(
+        "olmo2",
+        ROPE_NEOX,
+        "silu",
+        qk_norm_full=True,
+        sandwich_norms=True,
+        pre_norms=False,
+        swa_pattern_default=4,  # olmo3 files (olmo2 with a window): 3 local, 1 global
+    ),
+    "smollm3": ArchFacts("smollm3", ROPE_NORM, "silu", no_rope_every=4),
+    "mistral3": ArchFacts(
+        "mistral3",
+        ROPE_NORM,
+        "silu",
+        rope_freqs_tensor=True,
+        attn_temperature=True,
+        yarn_keys=True,
+    ),
     "phi3": ArchFacts(
         "phi3",
         ROPE_NEOX,
@@ -69,7 +105,19 @@ ARCHS: dict[str, ArchFacts] = {
         fused_gate_up=True,
         lora_targets_auto=("qkv", "o", "ffn_up", "ffn_down"),
     ),
+    "lfm2": ArchFacts(
+        "lfm2",
+        ROPE_NEOX,
+        "silu",
+        qk_norm=True,
+        mixers=(("shortconv.in_proj", "shortconv"),),
+        output_norm="token_embd_norm",
+    ),
 }
+
+# Block tensors that are neither matmul weights nor norms, whatever their shape: kept as float32
+# tensors (`Block.part(name)`), never LoRA targets.
+FLOAT_PARTS: set[str] = {"shortconv.conv.weight", "ssm_conv1d.weight"}
 
 # LoRA target aliases -> the GGUF tensor suffix they stand for.
 TARGET_ALIASES: dict[str, str] = {

@@ -7,11 +7,27 @@ any weight is touched.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from retrograd.errors import UnsupportedError
 from retrograd.gguf import GGUFFile
 from retrograd.model.arch import ARCHS, ArchFacts
+
+f32 = np.float32
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """Rope scaling beyond the linear factor, as llama.cpp hands it to ggml_rope_ext."""
+
+    ext_factor: float  # 1 under YaRN: the ramp between interpolated and extrapolated angles
+    attn_factor: float  # multiplies cos and sin (with YaRN's own 1 + 0.1 ln(factor))
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0  # the context the model was trained at before scaling
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,27 @@ class ModelConfig:
     attn_softcap: float  # 0: none
     final_softcap: float  # 0: none
     tied_output: bool
+    layer_mixer: tuple[str, ...] = ()  # per layer: "attention" or a name in families.MIXERS
+    layer_ffn: tuple[str, ...] = ()  # per layer: "dense", "moe" or "none"
+    shortconv_l_cache: int = 0  # lfm2: the short convolution's kernel length
+    yarn: Yarn | None = None  # None: plain rope (times rope_freq_scale)
+    rope_freq_scale_swa: float = 1.0  # sliding-window layers' scale (no YaRN there)
+    layer_rope: tuple[bool, ...] = ()  # per layer: rope on q and k (smollm3: not every 4th)
+    embedding_scale: float = 1.0  # granite: multiplies the token embeddings
+    residual_scale: float = 1.0  # granite: multiplies each sub-layer's output
+    logit_scale: float = 1.0  # granite: divides the logits
+    attn_temp_scale: float = 0.0  # mistral3: q *= 1 + scale * ln(floor(pos / floor_len) + 1)
+    attn_temp_floor: int = 0
+
+    @property
+    def plain(self) -> bool:
+        """Attention and a dense FFN in every layer (what the fused decode graph handles)."""
+        return not self.recurrent and all(f == "dense" for f in self.layer_ffn)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer carries a state from token to token besides keys and values."""
+        return any(m != "attention" for m in self.layer_mixer)
 
     @property
     def name(self) -> str:
@@ -75,12 +112,14 @@ class ModelConfig:
 
         window, swa_layers = _sliding_window(g, arch, n_layer)
         rope_base_swa = float(
-            key("rope.freq_base_swa", 10000.0 if arch_name != "gemma2" else rope_base)
+            key("rope.freq_base_swa", 10000.0 if arch_name not in SWA_BASE_IS_BASE else rope_base)
         )
         if n_layer == arch.big_model_head_scale_layers:
             attn_scale = 1.0 / (n_embd / n_head) ** 0.5
         else:
             attn_scale = 1.0 / head_dim**0.5
+        if arch.multipliers and key("attention.scale"):
+            attn_scale = float(key("attention.scale"))
         n_vocab = int(key("vocab_size", 0) or len(g.get("tokenizer.ggml.tokens") or []))
         if not n_vocab:
             n_vocab = g.tensor("token_embd.weight").shape[0]
@@ -99,20 +138,39 @@ class ModelConfig:
             rms_eps=float(required("attention.layer_norm_rms_epsilon")),
             rope_base=rope_base,
             rope_base_swa=rope_base_swa,
-            rope_freq_scale=1.0 / factor if factor else 1.0,
+            rope_freq_scale=_freq_scale(g, factor),
             swa_window=window,
             swa_layers=swa_layers,
             attn_scale=attn_scale,
             attn_softcap=float(key("attn_logit_softcapping", 50.0)) if arch.attn_softcap else 0.0,
             final_softcap=float(key("final_logit_softcapping", arch.final_softcap_default) or 0.0),
             tied_output=not g.has_tensor("output.weight"),
+            layer_mixer=tuple(_mixer(g, arch, il) for il in range(n_layer)),
+            layer_ffn=tuple(_ffn(g, il) for il in range(n_layer)),
+            shortconv_l_cache=int(key("shortconv.l_cache", 0) or 0),
+            **_rope_and_scales(g, arch, n_layer, factor),
         )
 
 
+def _mixer(g: GGUFFile, arch: ArchFacts, il: int) -> str:
+    """The layer's token mixer: the first of the facts' (tensor -> mixer) rules it matches."""
+    for suffix, mixer in arch.mixers:
+        if g.has_tensor(f"blk.{il}.{suffix}.weight") or g.has_tensor(f"blk.{il}.{suffix}"):
+            return mixer
+    return "attention"
+
+
+def _ffn(g: GGUFFile, il: int) -> str:
+    if g.has_tensor(f"blk.{il}.ffn_gate_inp.weight"):
+        return "moe"
+    return "dense" if g.has_tensor(f"blk.{il}.ffn_down.weight") else "none"
+
+
 def _per_layer_uniform(g: GGUFFile, k: str, v) -> int:
-    """llama.cpp accepts per-layer arrays for some counts; we support uniform ones."""
+    """llama.cpp accepts per-layer arrays for some counts; we support uniform ones (zeros
+    mark layers without attention: lfm2's convolution layers)."""
     if isinstance(v, (list, tuple)) or hasattr(v, "shape"):
-        values = {int(x) for x in v}
+        values = {int(x) for x in v if int(x)} or {0}
         if len(values) != 1:
             raise UnsupportedError(
                 f"{g.path.name}: {g.architecture}.{k} varies across layers; not supported"
@@ -123,10 +181,10 @@ def _per_layer_uniform(g: GGUFFile, k: str, v) -> int:
 
 def _check_rope_scaling(g: GGUFFile, arch_name: str) -> None:
     kind = g.arch_get("rope.scaling.type", "linear") or "linear"
-    if kind not in ("linear", "none"):
+    if kind not in ("linear", "none", "yarn"):
         raise UnsupportedError(
             f"{g.path.name}: {arch_name}.rope.scaling.type = {kind!r} is not supported "
-            "(linear and none are)"
+            "(linear, yarn and none are)"
         )
     if g.has_tensor("rope_factors_long.weight") or g.has_tensor("blk.0.rope_factors_long.weight"):
         raise UnsupportedError(
@@ -147,3 +205,68 @@ def _sliding_window(g: GGUFFile, arch: ArchFacts, n_layer: int) -> tuple[int, tu
         n = int(pattern)
         layers = tuple(n == 0 or (il % n < n - 1) for il in range(n_layer))
     return window, layers
+
+
+# Families whose sliding-window layers default to the global rope base (llama.cpp: 10000).
+SWA_BASE_IS_BASE = ("gemma2", "olmo2")
+
+
+def _freq_scale(g: GGUFFile, factor: float) -> float:
+    """llama.cpp's cparams.rope_freq_scale: 1 / factor in float32; 1 under scaling type none."""
+    if not factor or (g.arch_get("rope.scaling.type", "linear") or "linear") == "none":
+        return 1.0
+    return float(f32(1.0) / f32(factor))
+
+
+def _rope_and_scales(g: GGUFFile, arch: ArchFacts, n_layer: int, factor: float) -> dict:
+    """The per-family fields: YaRN, per-layer rope, granite's multipliers, the temperature."""
+    key = g.arch_get
+    n_ctx_orig = int(key("rope.scaling.original_context_length", 0) or 0)
+    n_ctx_orig = n_ctx_orig or int(key("context_length", 0) or 0)
+    rope_on = [True] * n_layer
+    if arch.no_rope_every:
+        rope_on = [(il + 1) % arch.no_rope_every != 0 for il in range(n_layer)]
+    if arch.rope_finetuned_switch and key("rope.scaling.finetuned", True) is False:
+        rope_on = [False] * n_layer
+    out = dict(
+        yarn=_yarn(g, arch, factor, n_ctx_orig),
+        layer_rope=tuple(rope_on),
+    )
+    if arch.multipliers:
+        out.update(
+            embedding_scale=float(key("embedding_scale", 0.0) or 1.0),
+            residual_scale=float(key("residual_scale", 0.0) or 1.0),
+            logit_scale=float(key("logit_scale", 0.0) or 1.0),
+        )
+    if arch.attn_temperature and key("attention.temperature_scale"):
+        out.update(
+            attn_temp_scale=float(key("attention.temperature_scale")), attn_temp_floor=n_ctx_orig
+        )
+    return out
+
+
+def _yarn(g: GGUFFile, arch: ArchFacts, factor: float, n_ctx_orig: int) -> Yarn | None:
+    """ggml_rope_ext's ext_factor, attn_factor, betas and original context as llama_context
+    sets them (its defaults: betas 32 and 1; attn_factor 1 times rope.scaling.attn_factor)."""
+    key = g.arch_get
+    attn = f32(key("rope.scaling.attn_factor", 1.0) or 1.0)
+    if (key("rope.scaling.type", "linear") or "linear") != "yarn":
+        return None if attn == 1.0 else Yarn(ext_factor=0.0, attn_factor=float(attn))
+    fast, slow, log_mul = 32.0, 1.0, 0.0
+    if arch.yarn_keys:
+        fast = float(key("rope.scaling.yarn_beta_fast", fast))
+        slow = float(key("rope.scaling.yarn_beta_slow", slow))
+        log_mul = float(key("rope.scaling.yarn_log_multiplier", log_mul) or 0.0)
+    scale = f32(1.0) / f32(_freq_scale(g, factor))  # back from the frequency scale, as llama.cpp
+
+    def mscale(m: float) -> np.float32:
+        return f32(1.0) if scale <= 1.0 else f32(0.1) * f32(m) * logf(scale) + f32(1.0)
+
+    yarn_attn = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+    yarn_attn = yarn_attn * (f32(1.0) / (f32(1.0) + f32(0.1) * logf(scale)))
+    return Yarn(1.0, float(yarn_attn * attn), fast, slow, n_ctx_orig)
+
+
+def logf(x) -> np.float32:
+    """C's logf: the float32 nearest to the natural logarithm."""
+    return f32(math.log(float(x)))

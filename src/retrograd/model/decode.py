@@ -38,6 +38,7 @@ def applies(decoder, ctx, T: int) -> bool:
         and fast_decode_on()
         and compile_enabled()
         and not cfg.attn_softcap
+        and cfg.plain
         and ctx.cache.k[0].dtype == ctx.dtype
         and packable(ctx.dtype, decoder.device, decoder.token_embd)
     )

@@ -22,38 +22,77 @@ from retrograd.compiled import fused
 from retrograd.model import decode
 from retrograd.model.attention import attention, repeat_kv
 from retrograd.model.config import ModelConfig
+from retrograd.model.families import FFNS, MIXERS
 from retrograd.model.frozen import FrozenTensor, frozen_linear, frozen_linear_group
 from retrograd.model.kv_cache import KVCache
 from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
 from retrograd.model.rope import apply_rope, rope_angles
 
+# The parts the built-in attention and dense FFN read as attributes (None when absent).
+STANDARD_PARTS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_q_norm",
+    "attn_k_norm",
+    "attn_output",
+    "post_attention_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "post_ffw_norm",
+)
+
+
+def _set_module(root: nn.Module, name: str, module: nn.Module) -> None:
+    """root.<name> = module, dotted names through plain containers (shortconv.in_proj), so
+    that module paths stay GGUF tensor names."""
+    *path, last = name.split(".")
+    for piece in path:
+        child = getattr(root, piece, None)
+        if child is None:
+            child = nn.Module()
+            setattr(root, piece, child)
+        root = child
+    setattr(root, last, module)
+
 
 class Block(nn.Module):
     """One transformer layer. Optional parts are None when the architecture lacks them."""
 
-    def __init__(self, cfg: ModelConfig, il: int, parts: dict[str, nn.Module]):
+    def __init__(self, cfg: ModelConfig, il: int, parts: dict[str, nn.Module | torch.Tensor]):
         super().__init__()
         self.cfg = cfg
         self.il = il
         self.swa = cfg.swa_layers[il]
-        for name in (
-            "attn_norm",
-            "attn_q",
-            "attn_k",
-            "attn_v",
-            "attn_qkv",
-            "attn_q_norm",
-            "attn_k_norm",
-            "attn_output",
-            "post_attention_norm",
-            "ffn_norm",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-            "post_ffw_norm",
-        ):
-            setattr(self, name, parts.get(name))
+        self.mixer = cfg.layer_mixer[il] if cfg.layer_mixer else "attention"
+        self.ffn_kind = cfg.layer_ffn[il] if cfg.layer_ffn else "dense"
+        for name in STANDARD_PARTS:
+            setattr(self, name, None)
+        self._tensors: dict[str, str] = {}  # suffix -> buffer name
+        for name, part in parts.items():
+            if isinstance(part, nn.Module):
+                _set_module(self, name, part)
+            else:
+                buffer = name.replace(".", "__")
+                self.register_buffer(buffer, part.float(), persistent=False)
+                self._tensors[name] = buffer
         self.act = ACTIVATIONS[cfg.arch.ffn_act]
+
+    def part(self, name: str):
+        """The layer's tensor or module of this GGUF suffix ("ssm_a", "shortconv.in_proj"),
+        or None when the file has none."""
+        if name in self._tensors:
+            return getattr(self, self._tensors[name])
+        module = self
+        for piece in name.split("."):
+            module = getattr(module, piece, None)
+            if module is None:
+                return None
+        return module
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
@@ -126,9 +165,27 @@ class Block(nn.Module):
         """-> (the layer's output, next_norm of it in the compute dtype, or None). h: this
         layer's attn_norm(x) when the previous layer computed it. NOTE: each residual sum and
         the norm that reads it run as one fused kernel: fewer calls per decoded token."""
-        y, post = self.attention(x, ctx, h), self.post_attention_norm
+        y, post = self.mix(x, ctx, h), self.post_attention_norm
+        if self.ffn_kind == "none":  # mamba2: one sub-layer
+            return self._residual_norm(x, y, post, next_norm, ctx)
         x, h = self._residual_norm(x, y, post, self.ffn_norm, ctx)
-        return self._residual_norm(x, self.ffn(x, ctx, h), self.post_ffw_norm, next_norm, ctx)
+        return self._residual_norm(
+            x, self.feed_forward(x, ctx, h), self.post_ffw_norm, next_norm, ctx
+        )
+
+    def mix(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
+        """The token mixer's output (attention, or the family's recurrent mixer)."""
+        if self.mixer == "attention":
+            return self.attention(x, ctx, h)
+        h = _norm(self.attn_norm, x, ctx.dtype) if h is None else h
+        return MIXERS[self.mixer](self, h, ctx)
+
+    def feed_forward(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
+        """The dense FFN, or the family's (a mixture of experts)."""
+        if self.ffn_kind == "dense":
+            return self.ffn(x, ctx, h)
+        h = _norm(self.ffn_norm, x, ctx.dtype) if h is None else h
+        return FFNS[self.ffn_kind](self, h, ctx)
 
     def _residual_norm(self, x, y, post: RMSNorm | None, nxt: RMSNorm | None, ctx):
         """(x + post(y), nxt(that) in the compute dtype or None)."""
@@ -152,8 +209,10 @@ def _weight_eps(norm: RMSNorm | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, norm.eps)
 
 
-def _norm(norm: RMSNorm, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """norm(x) in `dtype`: fused into one pass outside float32."""
+def _norm(norm: RMSNorm | None, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """norm(x) in `dtype`: fused into one pass outside float32 (x itself without a norm)."""
+    if norm is None:
+        return x.to(dtype)
     if dtype == torch.float32:
         return norm(x)
     return _norm_cast(_rows(x), norm.weight, norm.eps, dtype).view(x.shape)
@@ -250,6 +309,9 @@ class ForwardContext:
         positions: torch.Tensor | None = None,
     ):
         self.dtype, self.cache, self.start, self.f16_gelu = dtype, cache, start, f16_gelu
+        self.T, self.B = T, 1  # the decoder sets B, the batch size
+        # (B, T): False at left padding, where a recurrent layer must keep its state as it is
+        self.valid = None if key_mask is None else key_mask[:, start : start + T]
         # NOTE: float32 is the exactness path: plain eager operations, as the oracle tests saw
         self.fuse = dtype != torch.float32
         if positions is None:  # shared by the batch: cache slot = position
@@ -264,6 +326,18 @@ class ForwardContext:
         self.mask_swa = self.mask
         if cfg.swa_window and S > cfg.swa_window:
             self.mask_swa = _causal_mask(T, S, cfg.swa_window, device, key_mask)
+
+    def state(self, il: int) -> tuple[torch.Tensor, ...] | None:
+        """Layer il's recurrent state before position `start` (batch first), or None at the
+        start of the sequences (a zero state)."""
+        if self.cache is None or self.start == 0:
+            return None
+        return self.cache.read_state(il, self.start, self.B)
+
+    def keep(self, il: int, state: tuple[torch.Tensor, ...]) -> None:
+        """Layer il's recurrent state after the last position, for the next call."""
+        if self.cache is not None:
+            self.cache.write_state(il, self.start, self.start + self.T, state)
 
 
 def _angles(positions: torch.Tensor, cfg: ModelConfig, base: float, freq_factors):
@@ -348,6 +422,7 @@ class Decoder(nn.Module):
             key_mask,
             positions,
         )
+        ctx.B = B
         x = self.embed(ids)
         if self.checkpointing is not None and torch.is_grad_enabled():
             x = self._checkpointed_blocks(x, ctx)

@@ -7,7 +7,7 @@ layer's normed input (B, T, n_embd) in the compute dtype, y its output before th
 
 from __future__ import annotations
 
-from retrograd.model import moe
+from retrograd.model import moe, shortconv
 
-MIXERS: dict = {}
+MIXERS: dict = {"shortconv": shortconv.mix}
 FFNS: dict = {"moe": moe.ffn}

@@ -17,31 +17,15 @@ import torch
 
 from retrograd.errors import GGUFError
 from retrograd.gguf import GGUFFile, TensorInfo
+from retrograd.model.arch import FLOAT_PARTS
 from retrograd.model.config import ModelConfig
 from retrograd.model.decoder import Block, Decoder
 from retrograd.model.dequant import check_supported, dequantize
 from retrograd.model.device import available_memory
 from retrograd.model.frozen import DenseCache, FrozenTensor
 from retrograd.model.layers import Linear, RMSNorm
+from retrograd.model.moe import Experts
 
-LINEARS = (
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_qkv",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-)
-NORMS = (
-    "attn_norm",
-    "attn_q_norm",
-    "attn_k_norm",
-    "post_attention_norm",
-    "ffn_norm",
-    "post_ffw_norm",
-)
 CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
 
 log = logging.getLogger(__name__)
@@ -99,7 +83,9 @@ def build_decoder(
     for info in g.tensors.values():
         check_supported(info.ggml_type, where=f"{g.path.name}: tensor {info.name}")
     cfg = ModelConfig.from_gguf(g)
-    matmul = [t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) == 2]
+    matmul = [
+        t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) in (2, 3)
+    ]
     dense_bytes = sum(t.n_elements for t in matmul) * torch.finfo(dtype).bits // 8
     cache_on, reason = decide_cache(dense_bytes, device, cache_mode)
     cache = DenseCache(cache_on)
@@ -110,27 +96,26 @@ def build_decoder(
     def opt(name: str):
         return g.tensors.get(name)
 
+    by_layer: dict[int, list[TensorInfo]] = {il: [] for il in range(cfg.n_layer)}
+    for info in g.tensors.values():
+        parts = info.name.split(".", 2)
+        if parts[0] == "blk" and int(parts[1]) in by_layer:
+            by_layer[int(parts[1])].append(info)
     blocks = []
     for il in range(cfg.n_layer):
-        parts: dict[str, torch.nn.Module] = {}
-        for short in LINEARS:
-            w = opt(f"blk.{il}.{short}.weight")
-            if w is not None:
-                b = opt(f"blk.{il}.{short}.bias")
-                parts[short] = Linear(frozen(w.name), None if b is None else _float(b, device))
-        for short in NORMS:
-            w = opt(f"blk.{il}.{short}.weight")
-            if w is not None:
-                parts[short] = RMSNorm(_float(w, device), cfg.rms_eps)
+        parts = _block_parts(by_layer[il], cfg, frozen, lambda t: _float(t, device))
         _check_block(g, cfg, il, parts)
         blocks.append(Block(cfg, il, parts))
     output = opt("output.weight")
     freqs = opt("rope_freqs.weight")
+    norm_name = f"{cfg.arch.output_norm}.weight"
+    if not g.has_tensor(norm_name):
+        raise GGUFError(f"{g.path.name}: {cfg.name} model is missing tensor {norm_name}")
     decoder = Decoder(
         cfg,
         frozen("token_embd.weight"),
         blocks,
-        RMSNorm(_float(g.tensor("output_norm.weight"), device), cfg.rms_eps),
+        RMSNorm(_float(g.tensor(norm_name), device), cfg.rms_eps),
         None if output is None else Linear(frozen("output.weight")),
         None if freqs is None or not cfg.arch.rope_freqs_tensor else _float(freqs, device),
     )
@@ -163,17 +148,52 @@ def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: LoadReport, seconds: f
     )
 
 
+def _block_parts(infos: list[TensorInfo], cfg: ModelConfig, frozen, dense) -> dict:
+    """A layer's tensors by suffix (`blk.3.attn_q.weight` -> "attn_q"): matmul weights as
+    Linear (with their bias), 3-D expert tensors as Experts, norms as RMSNorm, and every other
+    tensor (conv kernels, scalars per head, lone biases) as a float32 tensor under its full
+    suffix ("ssm_a", "ssm_dt.bias", "shortconv.conv.weight")."""
+    by_suffix = {t.name.split(".", 2)[2]: t for t in infos}
+    parts: dict = {}
+    used: set[str] = set()
+    for rest, info in by_suffix.items():
+        if not rest.endswith(".weight") or rest in FLOAT_PARTS:
+            continue
+        base, n_dim = rest[: -len(".weight")], len(info.shape)
+        bias = by_suffix.get(f"{base}.bias")
+        if n_dim == 1 and base.endswith("norm"):
+            parts[base] = RMSNorm(dense(info), cfg.rms_eps)
+        elif n_dim in (2, 3):
+            b = None if bias is None else dense(bias)
+            kind = Linear if n_dim == 2 else Experts
+            parts[base] = kind(frozen(info.name), b)
+            if bias is not None:
+                used.add(f"{base}.bias")
+        else:
+            continue
+        used.add(rest)
+    for rest, info in by_suffix.items():
+        if rest not in used:
+            parts[rest] = dense(info)
+    return parts
+
+
 def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:
-    need = ["attn_norm", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
-    need += (
-        ["attn_qkv"]
-        if cfg.arch.fused_qkv and "attn_q" not in parts
-        else ["attn_q", "attn_k", "attn_v"]
-    )
-    if not cfg.arch.fused_gate_up:
-        need.append("ffn_gate")
-    if cfg.arch.qk_norm:
-        need += ["attn_q_norm", "attn_k_norm"]
+    mixer, ffn = cfg.layer_mixer[il], cfg.layer_ffn[il]
+    need = ["attn_norm"] if cfg.arch.pre_norms else []
+    if mixer == "attention":
+        need.append("attn_output")
+        need += (
+            ["attn_qkv"]
+            if "attn_qkv" in parts and "attn_q" not in parts
+            else ["attn_q", "attn_k", "attn_v"]
+        )
+        if cfg.arch.qk_norm:
+            need += ["attn_q_norm", "attn_k_norm"]
+    if ffn == "dense":
+        need += ["ffn_up", "ffn_down"] + (["ffn_norm"] if cfg.arch.pre_norms else [])
+        if not cfg.arch.fused_gate_up:
+            need.append("ffn_gate")
     if cfg.arch.sandwich_norms:
         need += ["post_attention_norm", "post_ffw_norm"]
     missing = [f"blk.{il}.{n}.weight" for n in need if n not in parts]

@@ -207,7 +207,15 @@ class _SharedPrefix:
     def __init__(self):
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
+        self.states: dict[int, tuple[torch.Tensor, ...]] = {}  # recurrent layers, with graph
         self.length = 0
+
+    def read_state(self, layer: int, start: int, batch: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.expand(batch, *t.shape[1:]) for t in self.states[layer])
+
+    def write_state(self, layer: int, start: int, end: int, state) -> None:
+        if start == 0:
+            self.states[layer] = state
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         if start == 0:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from retrograd.model.kv_cache import KVCache
+from retrograd.model.kv_cache import KVCache, select_states
 from retrograd.sampling.params import Completion, SampleRequest
 from retrograd.sampling.rows import Row, advance, completion
 
@@ -68,6 +68,7 @@ class LiveBatch:
         self.logits: torch.Tensor | None = None  # (B, V): each live row's next-token logits
         self.k: list[torch.Tensor] = []  # per layer (max_rows, H_kv, capacity, D)
         self.v: list[torch.Tensor] = []
+        self.states: dict = {}  # recurrent layers: the live rows' states, in row order
         self._pending: list[Entry] = []
         self._view: KVCache | None = None
 
@@ -114,7 +115,7 @@ class LiveBatch:
         """Empty the batch (after an error): the entries that were live or waiting."""
         entries = list(dict.fromkeys([r.entry for r in self.rows] + self._pending))
         self.rows, self.first, self._pending = [], [], []
-        self.slot, self.logits, self._view = 0, None, None
+        self.slot, self.logits, self._view, self.states = 0, None, None, {}
         return entries
 
     @torch.no_grad()
@@ -160,6 +161,11 @@ class LiveBatch:
         B, b = len(self.rows), len(rows)
         for buf, part in zip(self.k + self.v, small.k + small.v, strict=True):
             buf[B : B + b, :, at - width : at] = part.index_select(0, which)
+        joined = select_states(small.current_states(), which)
+        self.states = {
+            layer: tuple(torch.cat(p) for p in zip(self.states[layer], s, strict=True)) if B else s
+            for layer, s in joined.items()
+        }
         self.rows += rows
         self.first += [at - r.prompt_len for r in rows]
         logits = logits.index_select(0, which)  # (b, V)
@@ -199,6 +205,10 @@ class LiveBatch:
             dst, src = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
             for buf in self.k + self.v:
                 buf[dst, :, : self.slot] = buf[src, :, : self.slot]
+        if self.states:
+            self.states = select_states(
+                self.states, torch.tensor(order, device=self.decoder.device)
+            )
         self.rows = [self.rows[i] for i in order]
         self.first = [self.first[i] for i in order]
         self.logits, self._view = None, None
@@ -219,9 +229,14 @@ class LiveBatch:
         ids = torch.tensor(tokens, device=dev)[:, None]  # (B, 1)
         key_mask = torch.arange(self.slot + 1, device=dev)[None, :] >= first[:, None]
         positions = (self.slot - first)[:, None]  # (B, 1)
-        h = dec(ids, start=self.slot, cache=self._cache(), key_mask=key_mask, positions=positions)
+        cache = self._cache()
+        if self.states:
+            cache.set_states(self.states, self.slot)
+        h = dec(ids, start=self.slot, cache=cache, key_mask=key_mask, positions=positions)
         self.logits = dec.head(h[:, -1], float32=False)  # (B, V), 16-bit when bf16 compute
         self.slot += 1
+        if self.states:
+            self.states = cache.current_states()
 
     # -- slots -------------------------------------------------------------------------------
 

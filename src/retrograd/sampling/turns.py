@@ -20,7 +20,9 @@ caller appends the next turn's context (an observation rendered by the chat temp
    its last token, which was chosen but never fed) and leaves the batch, the last row taking
    its place (one row's slots copied).
 
-With RETRO_GENERATION_PREFIX_CACHE=0 nothing is kept: every turn prefills whole sequences
+Recurrent families (lfm2, SSMs, delta nets: a state instead of keys in some layers) prefill
+whole sequences every turn: a state cannot recompute its last tokens as keys can, so step 2's
+rectangle does not apply. With RETRO_GENERATION_PREFIX_CACHE=0 nothing is kept: every turn prefills whole sequences
 (the measure of what the cache saves). `prefilled` and `reused` count positions computed and
 served from the cache. Knows nothing about chat templates, tools or environments.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from retrograd.model.kv_cache import KVCache
+from retrograd.model.kv_cache import KVCache, select_states
 from retrograd.sampling.engine import GREEDY_BELOW, PREFILL_CHUNK
 from retrograd.sampling.params import Completion
 from retrograd.sampling.rows import Row, advance, completion
@@ -61,6 +63,8 @@ class TurnDecoder:
         self.sampler = sampler
         self.decoder = sampler.decoder
         self.keep_kv = prefix_cache_enabled() if keep_kv is None else keep_kv
+        self.keep_kv = self.keep_kv and not self.decoder.cfg.recurrent
+        self.states: dict = {}  # recurrent layers: the decode rows' states, in buffer order
         self.prefilled = 0  # positions computed by prefills
         self.reused = 0  # positions served from kept keys and values
 
@@ -112,6 +116,7 @@ class TurnDecoder:
             t.forget()
         k = [b.index_select(0, which) for b in cache.k]
         v = [b.index_select(0, which) for b in cache.v]
+        self.states = select_states(cache.current_states(), which)
         return k, v, logits.index_select(0, which)
 
     def _extend(self, threads, lens, W, capacity):
@@ -193,6 +198,8 @@ class TurnDecoder:
                     src = torch.tensor(movers, device=dev)
                     for buf in k + v:
                         buf[dst, :, lo:slot] = buf[src, :, lo:slot]
+                if self.states:
+                    self.states = select_states(self.states, torch.tensor(order, device=dev))
                 live = [live[o] for o in order]
                 first = [first[o] for o in order]
                 tokens = [tokens[o] for o in order]
@@ -202,6 +209,10 @@ class TurnDecoder:
             key_mask = torch.arange(slot + 1, device=dev)[None, :] >= f[:, None]
             positions = (slot - f)[:, None]
             cache = KVCache([t[:B] for t in k], [t[:B] for t in v], slot)
+            if self.states:
+                cache.set_states(self.states, slot)
             h = dec(ids, start=slot, cache=cache, key_mask=key_mask, positions=positions)
             logits = dec.head(h[:, -1], float32=False)
             slot += 1
+            if self.states:
+                self.states = cache.current_states()
