@@ -64,6 +64,13 @@ class ModelConfig:
     logit_scale: float = 1.0  # granite: divides the logits
     attn_temp_scale: float = 0.0  # mistral3: q *= 1 + scale * ln(floor(pos / floor_len) + 1)
     attn_temp_floor: int = 0
+    # state-space layers (mamba2, falcon-h1; llama.cpp's hparams.ssm_*): conv kernel length,
+    # inner size, state size, heads (the "time step rank"), groups of B and C
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
 
     @property
     def plain(self) -> bool:
@@ -103,8 +110,9 @@ class ModelConfig:
             g, "attention.head_count_kv", key("attention.head_count_kv", n_head)
         )
         n_ff = _per_layer_uniform(g, "feed_forward_length", required("feed_forward_length"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
-        head_dim_v = int(key("attention.value_length", n_embd // n_head))
+        per_head = n_embd // n_head if n_head else 0  # mamba2: no attention, head_count 0
+        head_dim = int(key("attention.key_length", per_head))
+        head_dim_v = int(key("attention.value_length", per_head))
         n_rot = int(key("rope.dimension_count", head_dim))
         _check_rope_scaling(g, arch_name)
         factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
@@ -117,7 +125,7 @@ class ModelConfig:
         if n_layer == arch.big_model_head_scale_layers:
             attn_scale = 1.0 / (n_embd / n_head) ** 0.5
         else:
-            attn_scale = 1.0 / head_dim**0.5
+            attn_scale = 1.0 / head_dim**0.5 if head_dim else 1.0
         if arch.multipliers and key("attention.scale"):
             attn_scale = float(key("attention.scale"))
         n_vocab = int(key("vocab_size", 0) or len(g.get("tokenizer.ggml.tokens") or []))
@@ -148,8 +156,21 @@ class ModelConfig:
             layer_mixer=tuple(_mixer(g, arch, il) for il in range(n_layer)),
             layer_ffn=tuple(_ffn(g, il) for il in range(n_layer)),
             shortconv_l_cache=int(key("shortconv.l_cache", 0) or 0),
+            **_ssm(g),
             **_rope_and_scales(g, arch, n_layer, factor),
         )
+
+
+def _ssm(g: GGUFFile) -> dict:
+    """The ssm.* keys, 0 where absent (llama.cpp requires them of the families that read them)."""
+    keys = {
+        "ssm_d_conv": "ssm.conv_kernel",
+        "ssm_d_inner": "ssm.inner_size",
+        "ssm_d_state": "ssm.state_size",
+        "ssm_dt_rank": "ssm.time_step_rank",
+        "ssm_n_group": "ssm.group_count",
+    }
+    return {field: int(g.arch_get(k, 0) or 0) for field, k in keys.items()}
 
 
 def _mixer(g: GGUFFile, arch: ArchFacts, il: int) -> str:
