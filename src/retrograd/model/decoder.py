@@ -102,6 +102,8 @@ class Block(nn.Module):
             q, k, v = self.attn_qkv(h).split([q_len, kv_len, cfg.n_head_kv * cfg.head_dim_v], -1)
         else:
             q, k, v = _group(h, self.attn_q, self.attn_k, self.attn_v)
+        if cfg.arch.qk_norm_full:  # olmo2: one norm over all heads of q, one over k
+            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
         q = q.view(B, T, cfg.n_head, cfg.head_dim)  # (B, T, H, D)
         k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
         v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
@@ -113,12 +115,18 @@ class Block(nn.Module):
         cfg, dtype = self.cfg, ctx.dtype
         q, k, v = self.qkv(_norm(self.attn_norm, x, dtype) if h is None else h)
         cos, sin = ctx.rope_swa if self.swa else ctx.rope
+        if cfg.layer_rope and not cfg.layer_rope[self.il]:  # smollm3: every 4th layer
+            cos = sin = None
         qn, kn, style = self.attn_q_norm, self.attn_k_norm, cfg.arch.rope
+        if cfg.arch.qk_norm_full:  # applied in qkv
+            qn = kn = None
         if ctx.fuse:
             q, k = _prep_qk(q, k, qn, kn, cos, sin, style, cfg.attn_scale, dtype)
         else:
             q = _prep(q, *_weight_eps(qn), cos, sin, style, cfg.attn_scale, dtype)
             k = _prep(k, *_weight_eps(kn), cos, sin, style, 1.0, dtype)
+        if ctx.q_temp is not None:  # mistral3: the temperature of each query's position
+            q = q * ctx.q_temp.to(dtype)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, H_kv, T, D)
         v = v.to(dtype).transpose(1, 2)
         if ctx.cache is not None:
@@ -145,9 +153,10 @@ class Block(nn.Module):
         return self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
 
     def residual(self, x: torch.Tensor, y: torch.Tensor, norm: RMSNorm | None, fuse: bool):
-        """x + post_norm(y) in float32 (x + y without a post-norm)."""
+        """x + post_norm(y) in float32 (x + y without a post-norm; granite: x + y * scale)."""
         if norm is None:
-            return x + y.float()
+            s = self.cfg.residual_scale
+            return x + (y.float() * s if s != 1.0 else y.float())
         if fuse:
             return _add_norm(_rows(x), _rows(y), norm.weight, norm.eps).view(x.shape)
         return x + norm(y)
@@ -228,7 +237,8 @@ def _prep(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype)
     """Queries or keys (B, T, H, D): per-head norm (qk-norm), rope, scale -> `dtype`."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps)
-    return (apply_rope(x, cos, sin, style) * scale).to(dtype)
+    x = x.float() if cos is None else apply_rope(x, cos, sin, style)  # cos None: no rope
+    return (x * scale).to(dtype)
 
 
 @fused(dynamic={0: (1,), 1: (1,), 4: (0,), 5: (0,)})  # the rows
@@ -242,9 +252,9 @@ def _prep_both(q, k, wq, wk, eps_q: float, eps_k: float, cos, sin, style: str, s
 def _prep_qk(q, k, q_norm, k_norm, cos, sin, style: str, scale: float, dtype):
     """_prep of queries and keys in one fused call, on the B * T rows as one sequence."""
     B, T, H, D = q.shape
-    if cos.dim() == 2:  # shared positions (T, n_rot/2)
+    if cos is not None and cos.dim() == 2:  # shared positions (T, n_rot/2)
         cos, sin = cos.expand(B, T, -1), sin.expand(B, T, -1)
-    flat = lambda a: a.reshape(B * T, a.shape[-1])  # noqa: E731
+    flat = lambda a: None if a is None else a.reshape(B * T, a.shape[-1])  # noqa: E731
     (wq, eq), (wk, ek) = _weight_eps(q_norm), _weight_eps(k_norm)
     qf, kf = q.reshape(1, B * T, H, D), k.reshape(1, B * T, *k.shape[2:])
     q, k = _prep_both(qf, kf, wq, wk, eq, ek, flat(cos), flat(sin), style, scale, dtype)
@@ -316,10 +326,14 @@ class ForwardContext:
         self.fuse = dtype != torch.float32
         if positions is None:  # shared by the batch: cache slot = position
             positions = torch.arange(start, start + T, device=device)  # (T,)
-        self.rope = _angles(positions, cfg, cfg.rope_base, freq_factors)
+        self.rope = _angles(
+            positions, cfg, cfg.rope_base, cfg.rope_freq_scale, cfg.yarn, freq_factors
+        )
         self.rope_swa = self.rope
-        if any(cfg.swa_layers):
-            self.rope_swa = _angles(positions, cfg, cfg.rope_base_swa, freq_factors)
+        if any(cfg.swa_layers):  # llama.cpp: no YaRN and no linear scale in window layers
+            scale = cfg.rope_freq_scale_swa
+            self.rope_swa = _angles(positions, cfg, cfg.rope_base_swa, scale, None, freq_factors)
+        self.q_temp = _temperature(positions, cfg) if cfg.attn_temp_scale else None
         S = start + T
         needs_mask = cache is not None and start > 0 or key_mask is not None
         self.mask = _causal_mask(T, S, 0, device, key_mask) if needs_mask else None
@@ -340,11 +354,17 @@ class ForwardContext:
             self.cache.write_state(il, self.start, self.start + self.T, state)
 
 
-def _angles(positions: torch.Tensor, cfg: ModelConfig, base: float, freq_factors):
+def _temperature(positions: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """mistral3 (llama 4's temperature tuning): each query times 1 + s ln(floor(p / n) + 1),
+    in float64 as llama.cpp fills its input -> (T, 1, 1) or (B, T, 1, 1) float32."""
+    p = positions.clamp(min=0).to(torch.float32) / float(cfg.attn_temp_floor)
+    t = torch.log(torch.floor(p).double() + 1.0) * cfg.attn_temp_scale + 1.0
+    return t.float()[..., None, None]
+
+
+def _angles(positions: torch.Tensor, cfg: ModelConfig, base: float, scale: float, yarn, factors):
     """cos, sin of shared positions (T,) -> (T, n_rot/2), or per sequence (B, T) -> (B, T, n_rot/2)."""
-    cos, sin = rope_angles(
-        positions.reshape(-1), cfg.n_rot, base, cfg.rope_freq_scale, freq_factors
-    )
+    cos, sin = rope_angles(positions.reshape(-1), cfg.n_rot, base, scale, factors, yarn)
     return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
 
 
@@ -383,7 +403,8 @@ class Decoder(nn.Module):
         self.register_buffer("rope_freqs", freq_factors, persistent=False)
         self.compute_dtype = torch.float32
         self.f16_gelu = True
-        self.embed_scale = math.sqrt(cfg.n_embd) if cfg.arch.embed_scale else 1.0
+        self.embed_scale = math.sqrt(cfg.n_embd) if cfg.arch.embed_scale else cfg.embedding_scale
+        self.logit_mul = 1.0 / cfg.logit_scale  # granite: logits / logit_scale
         self.checkpointing: tuple[int, torch.dtype] | None = None
 
     @property
@@ -466,6 +487,8 @@ class Decoder(nn.Module):
             logits = self.output(h)
         else:
             logits = frozen_linear(h, self.token_embd)
+        if self.logit_mul != 1.0:  # after the product, as llama.cpp scales
+            logits = (logits.float() if float32 else logits) * self.logit_mul
         cap = self.cfg.final_softcap
         if not float32 and not cap:
             return logits

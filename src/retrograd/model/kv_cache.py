@@ -98,6 +98,10 @@ class KVCache:
         return out
 
 
-def select_states(states: dict, index: torch.Tensor) -> dict:
+def select_states(states: dict, index: torch.Tensor | list[int]) -> dict:
     """The states of the rows `index` (dim 0), in that order."""
-    return {layer: tuple(t.index_select(0, index) for t in s) for layer, s in states.items()}
+    out = {}
+    for layer, state in states.items():
+        i = torch.as_tensor(index, dtype=torch.long, device=state[0].device)
+        out[layer] = tuple(t.index_select(0, i) for t in state)
+    return out

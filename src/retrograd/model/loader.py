@@ -188,7 +188,7 @@ def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:
             if "attn_qkv" in parts and "attn_q" not in parts
             else ["attn_q", "attn_k", "attn_v"]
         )
-        if cfg.arch.qk_norm:
+        if cfg.arch.qk_norm or cfg.arch.qk_norm_full:
             need += ["attn_q_norm", "attn_k_norm"]
     if ffn == "dense":
         need += ["ffn_up", "ffn_down"] + (["ffn_norm"] if cfg.arch.pre_norms else [])

@@ -206,9 +206,7 @@ class LiveBatch:
             for buf in self.k + self.v:
                 buf[dst, :, : self.slot] = buf[src, :, : self.slot]
         if self.states:
-            self.states = select_states(
-                self.states, torch.tensor(order, device=self.decoder.device)
-            )
+            self.states = select_states(self.states, order)
         self.rows = [self.rows[i] for i in order]
         self.first = [self.first[i] for i in order]
         self.logits, self._view = None, None

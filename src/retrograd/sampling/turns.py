@@ -199,7 +199,7 @@ class TurnDecoder:
                     for buf in k + v:
                         buf[dst, :, lo:slot] = buf[src, :, lo:slot]
                 if self.states:
-                    self.states = select_states(self.states, torch.tensor(order, device=dev))
+                    self.states = select_states(self.states, order)
                 live = [live[o] for o in order]
                 first = [first[o] for o in order]
                 tokens = [tokens[o] for o in order]
