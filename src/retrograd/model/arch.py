@@ -42,6 +42,12 @@ class ArchFacts:
     no_rope_every: int = 0  # smollm3: every n-th layer (il + 1 divisible by n) has no rope
     attn_temperature: bool = False  # mistral3: llama 4's position-dependent scale of q
     yarn_keys: bool = False  # mistral3: YaRN betas and log multiplier read from the file
+    # mixtures of experts, as the family calls llama.cpp's build_moe_ffn
+    expert_gating: str = "softmax"  # softmax, sigmoid, softmax_weight; "key": the file says
+    expert_norm: bool = False  # divide the selected experts' weights by their sum
+    expert_act: str = "silu"  # the experts' gated activation: silu or swiglu_oai (gpt-oss)
+    attn_sinks: bool = False  # gpt-oss: attn_sinks, one logit per head in the softmax
+    ffn_norm_tensor: str = "ffn_norm"  # gpt-oss stores its pre-FFN norm as post_attention_norm
 
 
 ARCHS: dict[str, ArchFacts] = {
@@ -112,6 +118,18 @@ ARCHS: dict[str, ArchFacts] = {
         qk_norm=True,
         mixers=(("shortconv.in_proj", "shortconv"),),
         output_norm="token_embd_norm",
+    ),
+    "qwen3moe": ArchFacts("qwen3moe", ROPE_NEOX, "silu", qk_norm=True, expert_norm=True),
+    "olmoe": ArchFacts("olmoe", ROPE_NEOX, "silu", qk_norm_full=True),
+    "gpt-oss": ArchFacts(
+        "gpt-oss",
+        ROPE_NEOX,
+        "silu",
+        swa_pattern_default=2,
+        expert_gating="softmax_weight",
+        expert_act="swiglu_oai",
+        attn_sinks=True,
+        ffn_norm_tensor="post_attention_norm",
     ),
 }
 

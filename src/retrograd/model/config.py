@@ -31,6 +31,21 @@ class Yarn:
 
 
 @dataclass(frozen=True)
+class ExpertRouting:
+    """A mixture of experts' routing, as llama.cpp's build_moe_ffn receives it (moe.route)."""
+
+    n_expert: int
+    n_used: int  # experts per token (top k)
+    gating: str  # softmax, sigmoid or softmax_weight (softmax over the selected logits)
+    norm: bool  # divide the selected weights by their sum
+    act: str  # the experts' gated activation: silu or swiglu_oai
+
+
+# llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_* values, as files store expert_gating_func
+GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: ArchFacts
     n_layer: int
@@ -71,6 +86,7 @@ class ModelConfig:
     ssm_d_state: int = 0
     ssm_dt_rank: int = 0
     ssm_n_group: int = 0
+    moe: ExpertRouting | None = None  # the routing of the layers with experts
 
     @property
     def plain(self) -> bool:
@@ -155,6 +171,7 @@ class ModelConfig:
             tied_output=not g.has_tensor("output.weight"),
             layer_mixer=tuple(_mixer(g, arch, il) for il in range(n_layer)),
             layer_ffn=tuple(_ffn(g, il) for il in range(n_layer)),
+            moe=_moe(g, arch, n_layer),
             shortconv_l_cache=int(key("shortconv.l_cache", 0) or 0),
             **_ssm(g),
             **_rope_and_scales(g, arch, n_layer, factor),
@@ -229,7 +246,7 @@ def _sliding_window(g: GGUFFile, arch: ArchFacts, n_layer: int) -> tuple[int, tu
 
 
 # Families whose sliding-window layers default to the global rope base (llama.cpp: 10000).
-SWA_BASE_IS_BASE = ("gemma2", "olmo2")
+SWA_BASE_IS_BASE = ("gemma2", "olmo2", "gpt-oss")
 
 
 def _freq_scale(g: GGUFFile, factor: float) -> float:
@@ -291,3 +308,21 @@ def _yarn(g: GGUFFile, arch: ArchFacts, factor: float, n_ctx_orig: int) -> Yarn 
 def logf(x) -> np.float32:
     """C's logf: the float32 nearest to the natural logarithm."""
     return f32(math.log(float(x)))
+
+
+def _moe(g: GGUFFile, arch: ArchFacts, n_layer: int) -> ExpertRouting | None:
+    """The experts' routing when some layer has a router (ffn_gate_inp), else None."""
+    if not any(_ffn(g, il) == "moe" for il in range(n_layer)):
+        return None
+    key, where = g.arch_get, f"{g.path.name}: {g.architecture}"
+    gating = arch.expert_gating
+    if gating == "key":
+        value = int(key("expert_gating_func", 0) or 0)
+        if value not in GATING_FUNCS:
+            raise UnsupportedError(f"{where}.expert_gating_func = {value}: not supported")
+        gating = GATING_FUNCS[value]
+    n_expert = int(key("expert_count", 0) or 0)
+    n_used = _per_layer_uniform(g, "expert_used_count", key("expert_used_count", 0) or 0)
+    if not 0 < n_used <= n_expert:
+        raise UnsupportedError(f"{where}: expert_used_count {n_used} of {n_expert} experts")
+    return ExpertRouting(n_expert, n_used, gating, arch.expert_norm, arch.expert_act)

@@ -74,6 +74,8 @@ class Block(nn.Module):
             setattr(self, name, None)
         self._tensors: dict[str, str] = {}  # suffix -> buffer name
         for name, part in parts.items():
+            if name == cfg.arch.ffn_norm_tensor:  # gpt-oss's post_attention_norm precedes the FFN
+                name = "ffn_norm"
             if isinstance(part, nn.Module):
                 _set_module(self, name, part)
             else:
@@ -133,8 +135,9 @@ class Block(nn.Module):
             k, v = ctx.cache.update(self.il, k, v, ctx.start)  # (B, H_kv, S, D)
             k, v = k.to(dtype), v.to(dtype)  # a 16-bit sampling cache under an f32 compute path
         mask = ctx.mask_swa if self.swa else ctx.mask
-        if cfg.attn_softcap:
-            o = _softcap_attention(q, k, v, mask, cfg.attn_softcap)
+        sinks = self.part("attn_sinks.weight") if cfg.arch.attn_sinks else None
+        if cfg.attn_softcap or sinks is not None:
+            o = _eager_attention(q, k, v, mask, cfg.attn_softcap, sinks)
         else:
             o = attention(q, k, v, mask, scale=1.0)  # (B, H, T, D)
         B, H, T, D = o.shape
@@ -290,15 +293,22 @@ def _act_mul_rows(gate, up, act: str):
     return (g * up.float()).to(gate.dtype)
 
 
-def _softcap_attention(q, k, v, mask, cap: float) -> torch.Tensor:
-    """Attention with tanh soft-capped scores (gemma2); SDPA has no hook for it."""
+def _eager_attention(q, k, v, mask, cap: float = 0.0, sinks=None) -> torch.Tensor:
+    """Attention in float32 with what SDPA has no hook for: tanh soft-capped scores (gemma2),
+    and sinks (gpt-oss, (H,)): one logit per head that joins every softmax and is dropped
+    after it, so that a query's weights on the keys sum to less than one."""
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     scores = q.float() @ k.float().transpose(-1, -2)  # (B, H, T, S)
-    scores = torch.tanh(scores / cap) * cap
-    T, S = scores.shape[-2:]
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
+    B, H, T, S = scores.shape
     if mask is None:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
+        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :S]
+        return (probs @ v.float()).to(q.dtype)
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
