@@ -18,7 +18,7 @@ from rich.table import Table
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.gguf import GGUFFile
-from retrograd.model.arch import TARGET_ALIASES
+from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES
 from retrograd.model.config import ModelConfig
 from retrograd.model.device import probe_device
 
@@ -44,6 +44,8 @@ def hyperparameters(cfg: ModelConfig) -> list[tuple[str, str]]:
     )
     rows = [
         ("layers", str(cfg.n_layer)),
+        ("token mixers", _kinds(cfg.layer_mixer)),
+        ("feed-forward kinds", _kinds(cfg.layer_ffn)),
         ("embedding", str(cfg.n_embd)),
         ("feed-forward", str(cfg.n_ff)),
         ("attention heads", f"{cfg.n_head} query, {cfg.n_head_kv} key/value, {cfg.head_dim} dims"),
@@ -65,9 +67,21 @@ def hyperparameters(cfg: ModelConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def _kinds(per_layer: tuple[str, ...]) -> str:
+    """ "attention in 1, 3; shortconv in 0, 2" (every layer alike: just the name)."""
+    layers: dict[str, list[int]] = defaultdict(list)
+    for il, kind in enumerate(per_layer):
+        layers[kind].append(il)
+    if len(layers) == 1:
+        return f"{per_layer[0]} in every layer"
+    return "; ".join(f"{k} in {', '.join(map(str, ils))}" for k, ils in layers.items())
+
+
 def lora_targets(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str, int, str]]:
-    """(alias, tensor pattern, count, shape) for every alias this model has."""
-    rows = []
+    """(alias, tensor pattern, count, shape) for every alias this model has, then the other
+    matrix weights a pattern can name (alias "-": short-convolution and SSM projections,
+    routers, experts)."""
+    rows, named = [], set()
     for alias, suffix in TARGET_ALIASES.items():
         names = [n for n in g.tensors if n == f"{suffix}.weight" or n.endswith(f".{suffix}.weight")]
         if alias == "output" and cfg.tied_output:
@@ -75,6 +89,23 @@ def lora_targets(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str, int, str
         if names:
             shape = "x".join(str(d) for d in g.tensors[names[0]].shape)
             rows.append((alias, _group(names[0]), len(names), shape))
+            named.update(_group(n) for n in names)
+    others: dict[str, list[str]] = defaultdict(list)
+    for name, t in g.tensors.items():
+        group = _group(name)
+        part = group.removeprefix("blk.*.")
+        if (
+            group in named
+            or not name.endswith(".weight")
+            or len(t.shape) < 2
+            or part in FLOAT_PARTS
+            or name == "token_embd.weight"
+        ):
+            continue
+        others[group].append(name)
+    for group, names in others.items():
+        shape = "x".join(str(d) for d in g.tensors[names[0]].shape)
+        rows.append(("-", group, len(names), shape))
     return rows
 
 
@@ -90,6 +121,8 @@ def trainability(g: GGUFFile, cfg: ModelConfig) -> tuple[dict, dict]:
             never[(group, "rotary constants")] += 1
         elif not t.is_float:
             never[(group, f"quantized ({t.type_name})")] += 1
+        elif group.removeprefix("blk.*.") in FLOAT_PARTS or not name.endswith(".weight"):
+            never[(group, "recurrence constants and biases (kept as float32)")] += 1
         else:
             can[(group, t.type_name)] += 1
     return can, never
@@ -128,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(alias, pattern, str(count), shape)
     con.print(t)
     con.print(
+        "alias - : name the tensor pattern in \\[lora].targets\n"
         f"auto picks: {', '.join(cfg.arch.lora_targets_auto)}"
         + ("  (the head is tied to token_embd: not a target)" if cfg.tied_output else "")
     )
