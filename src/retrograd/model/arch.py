@@ -119,6 +119,32 @@ ARCHS: dict[str, ArchFacts] = {
         mixers=(("shortconv.in_proj", "shortconv"),),
         output_norm="token_embd_norm",
     ),
+    # state-space families: no attention in mamba2's layers, and no FFN; falcon-h1 runs
+    # attention and the SSM side by side on one normed input (multipliers are in its weights)
+    "mamba2": ArchFacts(
+        "mamba2",
+        ROPE_NORM,
+        "silu",
+        mixers=(("ssm_in", "ssm"),),
+        lora_targets_auto=("ssm_in", "ssm_out"),
+    ),
+    "falcon-h1": ArchFacts(
+        "falcon-h1",
+        ROPE_NEOX,
+        "silu",
+        mixers=(("ssm_in", "attention_ssm"),),
+        lora_targets_auto=(
+            "q",
+            "k",
+            "v",
+            "o",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+            "ssm_in",
+            "ssm_out",
+        ),
+    ),
     "qwen3moe": ArchFacts("qwen3moe", ROPE_NEOX, "silu", qk_norm=True, expert_norm=True),
     "olmoe": ArchFacts("olmoe", ROPE_NEOX, "silu", qk_norm_full=True),
     "gpt-oss": ArchFacts(
@@ -148,4 +174,6 @@ TARGET_ALIASES: dict[str, str] = {
     "ffn_up": "ffn_up",
     "ffn_down": "ffn_down",
     "output": "output",
+    "ssm_in": "ssm_in",
+    "ssm_out": "ssm_out",
 }

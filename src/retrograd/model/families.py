@@ -7,7 +7,11 @@ layer's normed input (B, T, n_embd) in the compute dtype, y its output before th
 
 from __future__ import annotations
 
-from retrograd.model import moe, shortconv
+from retrograd.model import moe, shortconv, ssm
 
-MIXERS: dict = {"shortconv": shortconv.mix}
+MIXERS: dict = {
+    "shortconv": shortconv.mix,
+    "ssm": ssm.mix,
+    "attention_ssm": ssm.mix_parallel,
+}
 FFNS: dict = {"moe": moe.ffn}

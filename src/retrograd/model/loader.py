@@ -157,11 +157,15 @@ def _block_parts(infos: list[TensorInfo], cfg: ModelConfig, frozen, dense) -> di
     parts: dict = {}
     used: set[str] = set()
     for rest, info in by_suffix.items():
+        if rest.endswith("norm") and len(info.shape) == 1:  # falcon-h1's "ffn_norm": no suffix
+            parts[rest] = RMSNorm(dense(info), cfg.rms_eps)
+            used.add(rest)
+            continue
         if not rest.endswith(".weight") or rest in FLOAT_PARTS:
             continue
         base, n_dim = rest[: -len(".weight")], len(info.shape)
         bias = by_suffix.get(f"{base}.bias")
-        if n_dim == 1 and base.endswith("norm"):
+        if n_dim in (1, 2) and base.endswith("norm"):  # 2-D: per group (mamba2's ssm_norm)
             parts[base] = RMSNorm(dense(info), cfg.rms_eps)
         elif n_dim in (2, 3):
             b = None if bias is None else dense(bias)

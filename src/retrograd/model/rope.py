@@ -30,6 +30,9 @@ def rope_angles(
     yarn: Yarn | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, each (T, n_rot/2) float32, for integer positions (T,)."""
+    if n_rot == 0:  # a model without attention (mamba2)
+        empty = torch.zeros(positions.numel(), 0, device=positions.device)
+        return empty, empty
     half = n_rot // 2
     theta_scale = float(np.float32(base) ** np.float32(-2.0 / n_rot))
     steps = torch.full(

@@ -7,10 +7,11 @@ the heads of a group; y + x * D; y * silu(z); a grouped RMSNorm (when the file h
 the out-projection. The layer's recurrent state is (conv state (B, d_conv - 1, conv_dim),
 ssm state (B, n_head, head_dim, d_state)), batch first, float32 whatever the compute dtype.
 
-`scan_steps` walks the sequence as ggml does (the exactness path and single-token decode);
+`scan_steps` walks the sequence as ggml does (the reference, and single-token decode);
 `scan_chunked` is the same recurrence in chunks (the state-space dual form): the state is
-materialized only at chunk ends, so prefill and training keep O(T / chunk) states in memory.
-Backward is autograd through either. Knows nothing of the decoder beyond `block.part`.
+materialized only at chunk ends, so prefill and training keep O(T / chunk) states in memory,
+and it matches llama.cpp as closely. Backward is autograd through either. Knows nothing of
+the decoder beyond `block.part`, `block.attention` and the context's state and padding.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def conv(
     xx = torch.cat((state.to(x.dtype), x), 1)  # (B, K - 1 + T, C)
     if pad is not None and bool((pad > 0).any()):
         xx = xx.gather(1, _unpad_index(pad, K, T)[:, :, None].expand(-1, -1, Cn))
-    y = F.conv1d(xx.transpose(1, 2), weight[:, None, :].to(x.dtype), groups=Cn)  # (B, C, T)
-    y = y.transpose(1, 2)
+    w = weight.to(x.dtype)
+    # NOTE: taps summed in order k = 0, 1, ... from zero, as ggml's ssm_conv: float32 digit
+    # for digit
+    y = xx[:, 0:T] * w[:, 0]
+    for k in range(1, K):
+        y = y + xx[:, k : k + T] * w[:, k]
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y, xx[:, T:]  # the last K - 1 inputs
@@ -147,9 +152,51 @@ def _heads(bc: torch.Tensor, H: int) -> torch.Tensor:
     return bc.repeat_interleave(H // bc.shape[2], dim=2)
 
 
-def scan(x, dt, A, B, C, state=None, exact: bool = True):
-    """The scan by the path that fits: step by step for exactness or a single token, else
-    chunked."""
-    if exact or x.shape[1] == 1:
+def scan(x, dt, A, B, C, state=None):
+    """The scan by the path that fits: a single step (decoding) walked, longer runs chunked.
+    NOTE: both agree with llama.cpp's walked float32 scan to the same few 1e-5 on logits
+    (docs/exactness.md); only memory and speed differ."""
+    if x.shape[1] == 1:
         return scan_steps(x, dt, A, B, C, state)
     return scan_chunked(x, dt, A, B, C, state)
+
+
+def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
+    """The Mamba-2 mixer (mamba2's layers): h (B, T, n_embd) normed input -> (B, T, n_embd)."""
+    cfg, il = block.cfg, block.il
+    d_inner, n_group, d_state = cfg.ssm_d_inner, cfg.ssm_n_group, cfg.ssm_d_state
+    H = cfg.ssm_dt_rank  # heads
+    Bt, T, _ = h.shape
+    zxbcdt = block.part("ssm_in")(h).float()  # (B, T, 2 d_inner + 2 G N + H)
+    z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * n_group * d_state, H], -1)
+    state = ctx.state(il)
+    conv_state, ssm_state = (None, None) if state is None else state
+    pad = None
+    if ctx.valid is not None:  # left padding: no input, and no step of the scan
+        xbc = xbc * ctx.valid[..., None]
+        pad = (~ctx.valid).sum(1)
+    xbc, conv_state = conv(
+        xbc, block.part("ssm_conv1d.weight"), block.part("ssm_conv1d.bias"), conv_state, pad
+    )
+    xbc = F.silu(xbc)
+    x, b, c = xbc.split([d_inner, n_group * d_state, n_group * d_state], -1)
+    x = x.view(Bt, T, H, d_inner // H)  # (B, T, H, P)
+    b, c = b.view(Bt, T, n_group, d_state), c.view(Bt, T, n_group, d_state)
+    dt = softplus(dt + block.part("ssm_dt.bias"))  # (B, T, H)
+    if ctx.valid is not None:
+        dt = dt * ctx.valid[..., None]
+    A = block.part("ssm_a").reshape(H)
+    y, ssm_state = scan(x, dt, A, b, c, ssm_state)
+    ctx.keep(il, (conv_state, ssm_state))
+    y = y + x * block.part("ssm_d").reshape(H, 1)
+    y = y.reshape(Bt, T, d_inner) * F.silu(z)  # ggml swiglu_split(z, y)
+    norm = block.part("ssm_norm")
+    if norm is not None:  # grouped RMSNorm: weight (G, d_inner / G)
+        y = norm(y.view(Bt, T, n_group, d_inner // n_group)).reshape(Bt, T, d_inner)
+    return block.part("ssm_out")(y.to(ctx.dtype))
+
+
+def mix_parallel(block, h: torch.Tensor, ctx) -> torch.Tensor:
+    """Falcon-H1's layer: attention and the Mamba-2 mixer read the same normed input, and their
+    outputs add (its multipliers are folded into the weights by the converter)."""
+    return block.attention(h, ctx, h) + mix(block, h, ctx)
