@@ -31,6 +31,8 @@ class ArchFacts:
     swa_needs_key: bool = True  # gemma3 uses a window only when the file names one
     big_model_head_scale_layers: int = -1  # n_layer at which q scale is 1/sqrt(n_embd/n_head)
     rope_freqs_tensor: bool = False  # llama 3: rope_freqs.weight divides the frequencies
+    attn_output_gate: bool = False  # qwen35: attn_q is (query, gate) per head; o *= sigmoid(gate)
+    rope_sections: bool = False  # qwen35: interleaved M-RoPE sections (text: equal positions)
     lora_targets_auto: tuple[str, ...] = ("q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down")
     # (tensor suffix present in a layer -> its token mixer), first match; else "attention"
     mixers: tuple[tuple[str, str], ...] = ()

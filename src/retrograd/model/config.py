@@ -131,6 +131,7 @@ class ModelConfig:
         head_dim_v = int(key("attention.value_length", per_head))
         n_rot = int(key("rope.dimension_count", head_dim))
         _check_rope_scaling(g, arch_name)
+        _check_rope_sections(g, arch, n_rot)
         factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
         rope_base = float(key("rope.freq_base", 10000.0))
 
@@ -228,6 +229,24 @@ def _check_rope_scaling(g: GGUFFile, arch_name: str) -> None:
         raise UnsupportedError(
             f"{g.path.name}: LongRoPE factors (rope_factors_long) are not supported"
         )
+
+
+def _check_rope_sections(g: GGUFFile, arch: ArchFacts, n_rot: int) -> None:
+    """Interleaved M-RoPE (qwen35) on text: llama.cpp gives the t, h and w sections the token's
+    position and the fourth 0, so the rope is NEOX over n_rot when every rotated pair falls in
+    t, h or w (as in the released models). Pairs of the fourth would not turn: not supported."""
+    if not arch.rope_sections:
+        return
+    sections = g.arch_get("rope.dimension_sections")
+    s = [] if sections is None else [int(x) for x in sections][:4]
+    s += [0] * (4 - len(s))
+    for pair in range(n_rot // 2):
+        sector = pair % max(sum(s), 1)
+        if not any(sector % 3 == i and sector < 3 * s[i] for i in range(3)):
+            raise UnsupportedError(
+                f"{g.path.name}: {arch.name}.rope.dimension_sections = {s} leaves rotary pair "
+                f"{pair} of {n_rot // 2} outside the text sections; not supported"
+            )
 
 
 def _sliding_window(g: GGUFFile, arch: ArchFacts, n_layer: int) -> tuple[int, tuple[bool, ...]]:

@@ -106,7 +106,7 @@ class Block(nn.Module):
             q, k, v = _group(h, self.attn_q, self.attn_k, self.attn_v)
         if cfg.arch.qk_norm_full:  # olmo2: one norm over all heads of q, one over k
             q, k = self.attn_q_norm(q), self.attn_k_norm(k)
-        q = q.view(B, T, cfg.n_head, cfg.head_dim)  # (B, T, H, D)
+        q = q.view(B, T, cfg.n_head, -1)  # (B, T, H, D); (B, T, H, 2D) with a query gate
         k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
         v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
         return q, k, v
@@ -116,6 +116,9 @@ class Block(nn.Module):
         h: attn_norm(x) in the compute dtype when the caller has it already."""
         cfg, dtype = self.cfg, ctx.dtype
         q, k, v = self.qkv(_norm(self.attn_norm, x, dtype) if h is None else h)
+        gate = None
+        if cfg.arch.attn_output_gate:  # qwen35: each head's query, then its output gate
+            q, gate = q.chunk(2, dim=-1)
         cos, sin = ctx.rope_swa if self.swa else ctx.rope
         if cfg.layer_rope and not cfg.layer_rope[self.il]:  # smollm3: every 4th layer
             cos = sin = None
@@ -141,7 +144,10 @@ class Block(nn.Module):
         else:
             o = attention(q, k, v, mask, scale=1.0)  # (B, H, T, D)
         B, H, T, D = o.shape
-        return self.attn_output(o.transpose(1, 2).reshape(B, T, H * D))
+        o = o.transpose(1, 2).reshape(B, T, H * D)
+        if gate is not None:
+            o = o * torch.sigmoid(gate.float()).reshape(B, T, H * D).to(o.dtype)
+        return self.attn_output(o)
 
     def ffn(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
         """The feed-forward sub-layer's output before its post-norm, in the compute dtype.
