@@ -3,7 +3,9 @@
 The layout is llama.cpp's own (research/llama-cpp-facts.md, convert_lora_to_gguf.py): metadata
 `general.architecture`, `general.type = "adapter"`, `adapter.type = "lora"`,
 `adapter.lora.alpha` (FLOAT32), `general.name`, `general.quantization_version`; tensors
-`<base>.lora_a` (r, n_in) and `<base>.lora_b` (n_out, r) in row-major terms, no transpose.
+`<base>.lora_a` (r, n_in) and `<base>.lora_b` (n_out, r) in row-major terms, no transpose;
+for a 3-D expert tensor one pair per expert, stacked: (n_expert, r, n_in) and (n_expert,
+n_out, r), which llama.cpp applies to each token's selected experts (build_lora_mm_id).
 llama.cpp applies `y = W x + (alpha / r) B (A x)`, r read from lora_b. This module knows no
 model: it checks names and shapes against each other, not against the base GGUF.
 """
@@ -32,7 +34,8 @@ def write_lora_adapter(
     dtype: str = "f16",
     name: str | None = None,
 ) -> Path:
-    """Write `tensors` {base name: (A (r, n_in), B (n_out, r))} as a llama.cpp LoRA GGUF.
+    """Write `tensors` {base name: (A (r, n_in), B (n_out, r))} as a llama.cpp LoRA GGUF
+    (expert tensors: A (n_expert, r, n_in), B (n_expert, n_out, r)).
 
     Base names are the model's tensor names (`blk.3.attn_q.weight`). `dtype` is `f16` or `f32`.
     alpha 0 means "no alpha/rank scaling" to llama.cpp (and to our reader). The file is written
@@ -75,10 +78,17 @@ def _check_pair(where: str, base: str, a: np.ndarray, b: np.ndarray) -> None:
     if base == "token_embd.weight":
         # llama.cpp expects another layout for the embedding; we never train it.
         raise GGUFError(f"{where}: {base}: adapters on the input embedding are not exported")
-    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[0] == 0:
+    same_experts = a.ndim == 2 or a.shape[0] == b.shape[0]
+    if (
+        a.ndim not in (2, 3)
+        or b.ndim != a.ndim
+        or not same_experts
+        or a.shape[-2] != b.shape[-1]
+        or a.shape[-2] == 0
+    ):
         raise GGUFError(
             f"{where}: {base}: A {tuple(a.shape)} and B {tuple(b.shape)} must be (r, n_in) and "
-            f"(n_out, r) with the same rank r"
+            f"(n_out, r) with the same rank r (experts: (n_expert, r, n_in), (n_expert, n_out, r))"
         )
 
 

@@ -1,8 +1,11 @@
 """LoRA on the decoder's GGUF-named linears, and adapters read from llama.cpp LoRA GGUFs.
 
 y = W x + scale * B (A x), with A (r, n_in) and B (n_out, r) as llama.cpp stores them
-(research/llama-cpp-facts.md), scale = alpha / r. Targets are aliases (q, k, v, o, qkv,
-ffn_gate, ffn_up, ffn_down, output), tensor patterns (blk.*.attn_q.weight) or `auto`.
+(research/llama-cpp-facts.md), scale = alpha / r. Expert tensors (n_expert, n_out, n_in) get
+one pair per expert, stacked as llama.cpp's adapters hold them: A (n_expert, r, n_in), B
+(n_expert, n_out, r), applied to the rows routed to each expert (moe.py). Targets are aliases
+(q, k, v, o, qkv, ffn_gate, ffn_up, ffn_down, output; the ffn aliases also name the experts'
+ffn_*_exps), tensor patterns (blk.*.attn_q.weight) or `auto`.
 This module does not know optimizers or export; it attaches and reads adapters.
 """
 
@@ -23,10 +26,12 @@ from retrograd.model.decoder import Decoder
 from retrograd.model.dequant import dequantize
 from retrograd.model.layers import Linear
 from retrograd.model.loader import tensor_bytes
+from retrograd.model.moe import Experts
 
 
 class LoRA(nn.Module):
-    """The low-rank update of one linear. `enabled = False` makes its model the base model."""
+    """The low-rank update of one linear, or one per expert of an expert tensor (n_expert > 0:
+    A and B gain a leading expert dimension). `enabled = False` makes its model the base model."""
 
     def __init__(
         self,
@@ -36,10 +41,12 @@ class LoRA(nn.Module):
         alpha: float,
         dtype: torch.dtype = torch.float32,
         device=None,
+        n_expert: int = 0,
     ):
         super().__init__()
-        self.lora_a = nn.Parameter(torch.zeros(rank, n_in, dtype=dtype, device=device))
-        self.lora_b = nn.Parameter(torch.zeros(n_out, rank, dtype=dtype, device=device))
+        lead = (n_expert,) if n_expert else ()
+        self.lora_a = nn.Parameter(torch.zeros(*lead, rank, n_in, dtype=dtype, device=device))
+        self.lora_b = nn.Parameter(torch.zeros(*lead, n_out, rank, dtype=dtype, device=device))
         self.rank = rank
         self.alpha = alpha
         self.scale = alpha / rank if alpha else 1.0  # llama.cpp: alpha 0 means no scaling
@@ -47,7 +54,7 @@ class LoRA(nn.Module):
 
     def reset(self, generator: torch.Generator) -> None:
         """PEFT's initialisation: A Kaiming-uniform (a = sqrt 5), B zero, so W starts unchanged."""
-        bound = 1.0 / math.sqrt(self.lora_a.shape[1])  # kaiming_uniform with a=sqrt(5)
+        bound = 1.0 / math.sqrt(self.lora_a.shape[-1])  # kaiming_uniform with a=sqrt(5)
         with torch.no_grad():
             a = torch.rand(self.lora_a.shape, generator=generator, dtype=torch.float32)
             self.lora_a.copy_((a * 2 - 1) * bound)
@@ -93,6 +100,11 @@ def linear_modules(decoder: Decoder) -> dict[str, Linear]:
     return out
 
 
+def target_modules(decoder: Decoder) -> dict[str, Linear | Experts]:
+    """GGUF base names of every module an adapter can target: linears and expert tensors."""
+    return {n: m for n, m in decoder.named_modules() if isinstance(m, (Linear, Experts))}
+
+
 def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...]) -> list[str]:
     """Linear base names selected by aliases, tensor patterns or `auto`, in model order."""
     chosen: set[str] = set()
@@ -112,7 +124,10 @@ def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...])
 def _match(names: list[str], target: str) -> list[str]:
     if target in TARGET_ALIASES:
         suffix = TARGET_ALIASES[target]
-        return [n for n in names if n == suffix or n.endswith("." + suffix)]
+        ends = (
+            ("." + suffix, "." + suffix + "_exps") if suffix.startswith("ffn_") else ("." + suffix,)
+        )
+        return [n for n in names if n == suffix or n.endswith(ends)]
     pattern = target if target.endswith(".weight") or "*" in target else target + ".weight"
     return [n for n in names if fnmatch.fnmatchcase(n + ".weight", pattern)]
 
@@ -125,14 +140,14 @@ def attach_lora(
     seed: int,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, LoRA]:
-    """Give each targeted linear a fresh adapter; returns them by base name."""
-    modules = linear_modules(decoder)
+    """Give each targeted linear (or expert tensor) a fresh adapter; returns them by base name."""
+    modules = target_modules(decoder)
     chosen = resolve_targets(list(modules), targets, decoder.cfg.arch.lora_targets_auto)
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name in chosen:
         lin = modules[name]
-        lora = LoRA(lin.in_features, lin.out_features, rank, alpha, dtype)
+        lora = LoRA(lin.in_features, lin.out_features, rank, alpha, dtype, n_expert=_experts(lin))
         lora.reset(gen)
         lin.lora = lora.to(decoder.device)
         out[name] = lin.lora
@@ -150,7 +165,7 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
             f"{where}: adapter for {g.get('general.architecture')!r}, model is {decoder.cfg.name!r}"
         )
     alpha = float(g.get("adapter.lora.alpha", 0.0))
-    modules = linear_modules(decoder)
+    modules = target_modules(decoder)
     out = {}
     for name in sorted(t[: -len(".lora_a")] for t in g.tensors if t.endswith(".lora_a")):
         if name.endswith("_norm.weight"):
@@ -163,16 +178,16 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
         a_info, b_info = g.tensor(name + ".lora_a"), g.tensor(name + ".lora_b")
         a, b = _dense(a_info), _dense(b_info)
         lin = modules[base]
-        if (
-            a.shape[1] != lin.in_features
-            or b.shape[0] != lin.out_features
-            or a.shape[0] != b.shape[1]
-        ):
+        n_expert = _experts(lin)
+        lead = (n_expert,) if n_expert else ()
+        r = a.shape[-2] if a.dim() >= 2 else 0
+        if a.shape != (*lead, r, lin.in_features) or b.shape != (*lead, lin.out_features, r):
+            size = "x".join(str(d) for d in (*lead, lin.out_features, lin.in_features))
             raise GGUFError(
                 f"{where}: {name}: lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)} "
-                f"do not fit a {lin.out_features}x{lin.in_features} weight"
+                f"do not fit a {size} weight"
             )
-        lora = LoRA(lin.in_features, lin.out_features, a.shape[0], alpha)
+        lora = LoRA(lin.in_features, lin.out_features, r, alpha, n_expert=n_expert)
         lora.scale *= scale
         with torch.no_grad():
             lora.lora_a.copy_(a)
@@ -183,6 +198,11 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
     if not out:
         raise GGUFError(f"{where}: adapter holds no lora_a/lora_b tensors")
     return out
+
+
+def _experts(module: Linear | Experts) -> int:
+    """The number of experts of an expert tensor; 0 for a plain linear."""
+    return module.n_expert if isinstance(module, Experts) else 0
 
 
 def _dense(info) -> torch.Tensor:

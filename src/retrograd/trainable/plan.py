@@ -14,7 +14,7 @@ import torch
 
 from retrograd.errors import ConfigError
 from retrograd.model.decoder import Decoder
-from retrograd.trainable.lora import LoRA, apply_adapter_file, attach_lora, linear_modules
+from retrograd.trainable.lora import LoRA, apply_adapter_file, attach_lora, target_modules
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def build_lora_plan(
     else:
         rank, alpha = lora_cfg.rank, lora_cfg.alpha
         adapters = attach_lora(decoder, list(lora_cfg.targets), rank, alpha, lora_cfg.seed)
-    modules = linear_modules(decoder)
+    modules = target_modules(decoder)
     trained = tuple(
         PlannedTensor(
             f"{n}.weight", tuple(modules[n].frozen.shape), modules[n].frozen.ggml_type.name
