@@ -49,10 +49,17 @@ def assert_same_answer(a, b):
 
 @pytest.mark.parametrize(
     ("name", "fast", "sampled"),
-    [("gemma3", False, True), ("gemma3", True, False), ("llama3", True, True)],
+    [
+        ("gemma3", False, True),
+        ("gemma3", True, False),
+        ("llama3", True, True),
+        ("lfm2", False, True),
+        ("lfm2", True, False),
+    ],
 )
 def test_an_answer_alone_equals_the_answer_joining_a_running_batch(models, name, fast, sampled):
-    """fast: the 16-bit cache and fused attention; gemma3: a sliding window of 8 slots."""
+    """fast: the 16-bit cache and fused attention; gemma3: a sliding window of 8 slots; lfm2:
+    convolution states that join, move with their rows and leave."""
     m = models(name)
     s = Sampler(m.decoder, m.tokenizer, fast=fast)
     kw = dict(temperature=0.9, seed=3) if sampled else dict(temperature=0)

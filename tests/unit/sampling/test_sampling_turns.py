@@ -59,10 +59,23 @@ def test_kept_keys_and_values_sample_what_a_fresh_prefill_samples(models, name, 
     assert dec0.prefilled >= len(OPENING) and dec.reused + dec.prefilled >= len(OPENING)
 
 
-def test_a_thread_continued_equals_its_whole_sequence_prefilled_alone(models):
+def test_a_recurrent_family_prefills_whole_sequences_and_samples_the_same(models):
+    """lfm2 keeps convolution states, which cannot recompute tokens as kept keys do: every
+    turn prefills whole sequences, whatever the prefix-cache setting."""
+    m = models("lfm2")
+    s = Sampler(m.decoder, m.tokenizer, fast=False)
+    budgets = [[6, 3, 9], [4, 8, 2]]
+    kept, dec, threads = run_turns(s, True, 0.9, budgets)
+    fresh, _, threads0 = run_turns(s, False, 0.9, budgets)
+    assert [[c.ids for c in a] for a in kept] == [[c.ids for c in b] for b in fresh]
+    assert dec.reused == 0 and not dec.keep_kv
+
+
+@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+def test_a_thread_continued_equals_its_whole_sequence_prefilled_alone(models, name):
     """Greedy: the third turn of a kept thread equals generating after its whole sequence
     in one ordinary batch."""
-    m = models("gemma3")
+    m = models(name)
     s = Sampler(m.decoder, m.tokenizer, fast=False)
     out, _, threads = run_turns(s, True, 0.0, [[6, 3, 9], [4, 8, 2], [7, 1, 5]])
     seq = threads[0].seq[: len(threads[0].seq) - len(out[0][2].ids)]
