@@ -113,6 +113,16 @@ ARCHS: dict[str, ArchFacts] = {
         fused_gate_up=True,
         lora_targets_auto=("qkv", "o", "ffn_up", "ffn_down"),
     ),
+    "qwen35": ArchFacts(
+        "qwen35",
+        ROPE_NEOX,
+        "silu",
+        qk_norm=True,
+        mixers=(("ssm_a", "delta_net"),),
+        attn_output_gate=True,
+        rope_sections=True,
+        ffn_norm_tensor="post_attention_norm",
+    ),
     "lfm2": ArchFacts(
         "lfm2",
         ROPE_NEOX,

@@ -7,10 +7,11 @@ layer's normed input (B, T, n_embd) in the compute dtype, y its output before th
 
 from __future__ import annotations
 
-from retrograd.model import moe, shortconv, ssm
+from retrograd.model import delta_net, moe, shortconv, ssm
 
 MIXERS: dict = {
     "shortconv": shortconv.mix,
+    "delta_net": delta_net.mix,
     "ssm": ssm.mix,
     "attention_ssm": ssm.mix_parallel,
 }

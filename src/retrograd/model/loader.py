@@ -195,7 +195,7 @@ def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:
         if cfg.arch.qk_norm or cfg.arch.qk_norm_full:
             need += ["attn_q_norm", "attn_k_norm"]
     if ffn == "dense":
-        need += ["ffn_up", "ffn_down"] + (["ffn_norm"] if cfg.arch.pre_norms else [])
+        need += ["ffn_up", "ffn_down"] + ([cfg.arch.ffn_norm_tensor] if cfg.arch.pre_norms else [])
         if not cfg.arch.fused_gate_up:
             need.append("ffn_gate")
     if cfg.arch.sandwich_norms:
