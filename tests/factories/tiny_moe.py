@@ -103,6 +103,47 @@ def write_moe(name: str, path: Path, seed: int = 0, chat_template: str | None = 
     return _close(w, path)
 
 
+LFM2_KINDS = ("conv", "attn", "conv", "attn")  # layer 0 keeps a dense FFN
+LFM2_L_CACHE = 3
+
+
+def write_lfm2moe(path: Path, seed: int = 0, chat_template: str | None = None) -> Path:
+    """LFM2-MoE: short-convolution and attention layers, a dense first FFN, then experts
+    picked by sigmoid scores plus a selection bias (exp_probs_b), weights normalized."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "lfm2moe")
+    _header(w, "tiny-lfm2moe", len(LFM2_KINDS), 0, chat_template, ffn=N_FF)
+    w.add_head_count_kv([N_HEAD_KV if k == "attn" else 0 for k in LFM2_KINDS])
+    w.add_uint32("lfm2moe.shortconv.l_cache", LFM2_L_CACHE)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_feed_forward_length(N_FF_EXP)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    _globals(w, rng, tied=True, norm="token_embd_norm")
+    for il, kind in enumerate(LFM2_KINDS):
+        b = f"blk.{il}."
+        w.add_tensor(b + "attn_norm.weight", norm_weight(rng, N_EMBD))
+        if kind == "attn":
+            w.add_tensor(b + "attn_q.weight", rand(rng, N_HEAD * HEAD_DIM, N_EMBD))
+            w.add_tensor(b + "attn_k.weight", rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD))
+            w.add_tensor(b + "attn_v.weight", rand(rng, N_HEAD_KV * HEAD_DIM, N_EMBD))
+            w.add_tensor(b + "attn_q_norm.weight", norm_weight(rng, HEAD_DIM))
+            w.add_tensor(b + "attn_k_norm.weight", norm_weight(rng, HEAD_DIM))
+            w.add_tensor(b + "attn_output.weight", rand(rng, N_EMBD, N_HEAD * HEAD_DIM))
+        else:
+            w.add_tensor(b + "shortconv.conv.weight", rand(rng, N_EMBD, LFM2_L_CACHE, scale=0.5))
+            w.add_tensor(b + "shortconv.in_proj.weight", rand(rng, 3 * N_EMBD, N_EMBD))
+            w.add_tensor(b + "shortconv.out_proj.weight", rand(rng, N_EMBD, N_EMBD))
+        w.add_tensor(b + "ffn_norm.weight", norm_weight(rng, N_EMBD))
+        if il == 0:
+            w.add_tensor(b + "ffn_gate.weight", rand(rng, N_FF, N_EMBD))
+            w.add_tensor(b + "ffn_up.weight", rand(rng, N_FF, N_EMBD))
+            w.add_tensor(b + "ffn_down.weight", rand(rng, N_EMBD, N_FF))
+        else:
+            add_experts(w, rng, b, bias=False)
+            w.add_tensor(b + "exp_probs_b.bias", rand(rng, N_EXPERT, scale=0.5))
+    return _close(w, path)
+
+
 def add_experts(w: gguf.GGUFWriter, rng: np.random.Generator, b: str, bias: bool) -> None:
     """The router and three 3-D expert tensors of one layer (with biases when asked)."""
     router = rand(rng, N_EXPERT, N_EMBD) * ROUTER_SCALE
@@ -120,14 +161,17 @@ def add_experts(w: gguf.GGUFWriter, rng: np.random.Generator, b: str, bias: bool
             w.add_tensor(b + t + ".bias", rand(rng, *shape[:2], scale=0.1))
 
 
-def _header(w, name: str, n_layer: int, n_head_kv, chat_template: str | None) -> None:
+def _header(
+    w, name: str, n_layer: int, n_head_kv, chat_template: str | None, ffn: int = N_FF_EXP
+) -> None:
     w.add_name(name)
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF_EXP)  # olmoe sizes its experts by it
+    w.add_feed_forward_length(ffn)  # olmoe sizes its experts by it
     w.add_head_count(N_HEAD)
-    w.add_head_count_kv(n_head_kv)
+    if n_head_kv:
+        w.add_head_count_kv(n_head_kv)
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_dimension_count(HEAD_DIM)
@@ -160,5 +204,5 @@ def _writer(name: str):
 
 for _name in SPECS:
     tiny_gguf.WRITERS[_name] = _writer(_name)
-
-_ = N_FF  # the dense FFN width, for lfm2moe's dense layer
+tiny_gguf.WRITERS["lfm2moe"] = write_lfm2moe
+NAMES = (*sorted(SPECS), "lfm2moe")  # every mixture of experts written here

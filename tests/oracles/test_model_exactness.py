@@ -13,7 +13,7 @@ import torch
 
 import retrograd
 from tests.factories.tiny_gguf import names
-from tests.factories.tiny_moe import SPECS as MOE_SPECS
+from tests.factories.tiny_moe import NAMES as MOE_NAMES
 from tests.oracles.llama_oracle import llama_logits, open_llama
 
 pytestmark = pytest.mark.oracle
@@ -64,7 +64,7 @@ def test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, nam
 
 
 @pytest.mark.parametrize("ftype", ["MOSTLY_Q4_K_M", "MOSTLY_Q8_0"])
-@pytest.mark.parametrize("name", sorted(MOE_SPECS))
+@pytest.mark.parametrize("name", MOE_NAMES)
 def test_quantized_moe_models_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype):
     """Quantized 3-D expert tensors, dequantized one selected expert at a time."""
     test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype)

@@ -159,6 +159,16 @@ ARCHS: dict[str, ArchFacts] = {
     ),
     "qwen3moe": ArchFacts("qwen3moe", ROPE_NEOX, "silu", qk_norm=True, expert_norm=True),
     "olmoe": ArchFacts("olmoe", ROPE_NEOX, "silu", qk_norm_full=True),
+    "lfm2moe": ArchFacts(
+        "lfm2moe",
+        ROPE_NEOX,
+        "silu",
+        qk_norm=True,
+        mixers=(("shortconv.in_proj", "shortconv"),),
+        output_norm="token_embd_norm",
+        expert_gating="key",
+        expert_norm=True,
+    ),
     "gpt-oss": ArchFacts(
         "gpt-oss",
         ROPE_NEOX,
