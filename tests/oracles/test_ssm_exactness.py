@@ -37,3 +37,19 @@ def test_long_sequences_match_llama_cpp_in_one_pass_and_in_pieces(tiny_model, na
         assert (ours.argmax(-1) == ref.argmax(-1)).mean() == 1.0
         diff = float(np.abs(ours - ref).max())
         assert diff < 2e-3, f"{name}: max |logit diff| {diff:.2e}"
+
+
+@pytest.mark.parametrize("ftype", ["MOSTLY_BF16", "MOSTLY_Q8_0", "MOSTLY_Q4_K_M", "MOSTLY_IQ4_XS"])
+@pytest.mark.parametrize("name", ["mamba2", "falcon-h1"])
+def test_quantized_files_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype):
+    """ssm_in and ssm_out quantized (conv kernels, A, D and norms stay F32, as the quantizer
+    leaves them): we dequantize, llama.cpp runs its dequantized copy."""
+    from tests.factories.tiny_gguf import quantize
+    from tests.oracles.test_model_exactness import IDS as SHORT
+
+    quantized = tiny_model(name, ftype)
+    f32 = quantize(quantized, quantized.with_name(quantized.stem + "-as-f32.gguf"), "ALL_F32")
+    ours = retrograd.load(quantized, device="cpu", dtype=torch.float32).logits(SHORT).numpy()
+    ref = llama_logits(f32, SHORT)
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() == 1.0
+    assert float(np.abs(ours - ref).max()) < 2e-3
