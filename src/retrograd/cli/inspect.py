@@ -21,6 +21,7 @@ from retrograd.gguf import GGUFFile
 from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES
 from retrograd.model.config import ModelConfig
 from retrograd.model.device import probe_device
+from retrograd.trainable.lora import auto_targets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,34 @@ def hyperparameters(cfg: ModelConfig) -> list[tuple[str, str]]:
         rows.append(("logit soft-cap", f"{cfg.final_softcap:g}"))
     if cfg.attn_softcap:
         rows.append(("attention soft-cap", f"{cfg.attn_softcap:g}"))
+    return rows + _scalings(cfg)
+
+
+def _scalings(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """Rows for the families' rope scaling, layers without rope and constant multipliers."""
+    rows = []
+    if cfg.yarn is not None and cfg.yarn.ext_factor:
+        factor = 1.0 / cfg.rope_freq_scale
+        rows.append(("rope scaling", f"yarn x{factor:g} from {cfg.yarn.n_ctx_orig:,} tokens"))
+    elif cfg.rope_freq_scale != 1.0:
+        rows.append(("rope scaling", f"linear x{1.0 / cfg.rope_freq_scale:g}"))
+    if cfg.layer_rope and not all(cfg.layer_rope):
+        off = [str(il) for il, on in enumerate(cfg.layer_rope) if not on]
+        rows.append(("layers without rope", ", ".join(off)))
+    scales = [
+        (name, v)
+        for name, v in (
+            ("embeddings", cfg.embedding_scale),
+            ("residual", cfg.residual_scale),
+            ("logits /", cfg.logit_scale),
+        )
+        if v != 1.0
+    ]
+    if scales:
+        rows.append(("multipliers", ", ".join(f"{n} {v:g}" for n, v in scales)))
+    if cfg.attn_temp_scale:
+        temp = f"1 + {cfg.attn_temp_scale:g} ln(floor(pos / {cfg.attn_temp_floor}) + 1)"
+        rows.append(("query temperature", temp))
     return rows
 
 
@@ -154,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(name, str(count), _mib(size))
     con.print(t)
 
+    bases = [name.removesuffix(".weight") for name in g.tensors]
     t = Table(title="LoRA targets", title_justify="left")
     for col in ("alias", "tensors", "count", "shape (out x in)"):
         t.add_column(col)
@@ -162,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     con.print(t)
     con.print(
         "alias - : name the tensor pattern in \\[lora].targets\n"
-        f"auto picks: {', '.join(cfg.arch.lora_targets_auto)}"
+        f"auto picks: {', '.join(auto_targets(bases, cfg.arch.lora_targets_auto))}"
         + ("  (the head is tied to token_embd: not a target)" if cfg.tied_output else "")
     )
 

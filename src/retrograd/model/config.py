@@ -90,8 +90,12 @@ class ModelConfig:
 
     @property
     def plain(self) -> bool:
-        """Attention and a dense FFN in every layer (what the fused decode graph handles)."""
-        return not self.recurrent and all(f == "dense" for f in self.layer_ffn)
+        """Attention and a dense FFN in every layer, without the steps the fused decode graph
+        lacks (olmo2's whole-projection q/k norms, granite's residual scale, mistral3's query
+        temperature, layers without rope)."""
+        extra = self.arch.qk_norm_full or self.residual_scale != 1.0 or self.attn_temp_scale
+        extra = extra or not all(self.layer_rope)
+        return not extra and not self.recurrent and all(f == "dense" for f in self.layer_ffn)
 
     @property
     def recurrent(self) -> bool:

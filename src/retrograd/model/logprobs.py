@@ -45,6 +45,8 @@ def token_logprobs(
         return -F.cross_entropy(decoder.head(h), targets, reduction="none")
     step = seq_chunk if seq_chunk > 0 else h.shape[0]
     frozen = _frozen_head(decoder)
+    if frozen is not None and decoder.logit_mul != 1.0:  # granite: (h W^T) / s as (h / s) W^T
+        h = h * decoder.logit_mul
     parts = []
     for s in range(0, h.shape[0], step):
         hc, tc = h[s : s + step], targets[s : s + step]

@@ -109,7 +109,7 @@ def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...])
     """Linear base names selected by aliases, tensor patterns or `auto`, in model order."""
     chosen: set[str] = set()
     for target in targets:
-        expanded = auto if target == "auto" else (target,)
+        expanded = auto_targets(names, auto) if target == "auto" else (target,)
         for t in expanded:
             matched = _match(names, t)
             if not matched:
@@ -119,6 +119,20 @@ def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...])
                 )
             chosen.update(matched)
     return [n for n in names if n in chosen]
+
+
+def auto_targets(names: list[str], auto: tuple[str, ...]) -> tuple[str, ...]:
+    """The family's `auto` aliases in this file's layout: llama.cpp loads one fused attn_qkv in
+    place of attn_q, attn_k and attn_v (and the other way round), so q, k, v and qkv stand for
+    whichever the file has."""
+    fused, split = bool(_match(names, "qkv")), bool(_match(names, "q"))
+    out: list[str] = []
+    for t in auto:
+        if t in ("q", "k", "v") and fused and not split:
+            t = "qkv"
+        group = ("q", "k", "v") if t == "qkv" and split and not fused else (t,)
+        out += [a for a in group if a not in out]
+    return tuple(out)
 
 
 def _match(names: list[str], target: str) -> list[str]:

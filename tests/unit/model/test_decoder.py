@@ -23,7 +23,9 @@ def load(path, **kw):
     return retrograd.load(path, device="cpu", dtype=kw.pop("dtype", torch.float32), **kw)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "llama3", "phi3", "gemma2"])
+@pytest.mark.parametrize(
+    "name", ["gemma3", "llama3", "phi3", "gemma2", "granite", "olmo2", "smollm3", "mistral3"]
+)
 def test_cached_decoding_equals_full_recompute(tiny_model, name):
     # gemma3's tiny window is 8: decoding 20 tokens crosses it on the local layers.
     m = load(tiny_model(name))
@@ -159,14 +161,16 @@ def test_device_and_threads(monkeypatch):
     torch.set_num_threads(2)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "llama3", "phi3"])
+@pytest.mark.parametrize(
+    "name", ["gemma3", "llama3", "phi3", "granite", "olmo2", "smollm3", "mistral3", "llama-qkv"]
+)
 def test_fused_bf16_block_equals_unfused(tiny_model, monkeypatch, name):
     """The bf16 path's fused norms, rope and activation (compiled or eager) give the plain
     operations' loss and LoRA gradients, up to bf16 rounding."""
     import retrograd.model.decoder as decoder_module
 
     m = load(tiny_model(name), dtype=torch.bfloat16)
-    targets = ["qkv"] if name == "phi3" else ["q", "k", "v"]
+    targets = ["qkv"] if name in ("phi3", "llama-qkv") else ["q", "k", "v"]
     loras = attach_lora(m.decoder, [*targets, "o", "ffn_up", "ffn_down"], 4, 8.0, seed=3)
     for lora in loras.values():
         with torch.no_grad():

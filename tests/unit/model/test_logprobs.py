@@ -19,6 +19,7 @@ from retrograd.trainable.lora import attach_lora
         ("llama", "off", 3, 0),
         ("gemma2", "off", 7, 4),
         ("qwen3", "on", 1, 16),
+        ("granite", "off", 3, 4),  # logits divided by logit_scale
     ],
 )
 def test_tiled_head_equals_plain(tiny_model, name, cache, tiles, seq_chunk):
