@@ -122,6 +122,8 @@ ARCHS: dict[str, ArchFacts] = {
         attn_output_gate=True,
         rope_sections=True,
         ffn_norm_tensor="post_attention_norm",
+        # attention layers' q, k, v, o and the delta-net layers' attn_qkv and ssm_out
+        lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
     ),
     "lfm2": ArchFacts(
         "lfm2",
