@@ -9,7 +9,7 @@ registers itself in tiny_gguf.WRITERS on import; llama.cpp loads every file as w
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -45,7 +45,6 @@ class DenseSpec:
     rope_freqs: bool = False
     rope_base: float = 10000.0
     keys: Callable[[gguf.GGUFWriter], None] | None = None  # the family's own metadata
-    extra: dict = field(default_factory=dict)
 
 
 def _granite_keys(w: gguf.GGUFWriter) -> None:
@@ -81,7 +80,13 @@ SPECS: dict[str, DenseSpec] = {
 
 def write_dense(path: Path, name: str, seed: int = 0, chat_template: str | None = None) -> Path:
     """Write the F32 tiny model `name` (a key of SPECS) to path."""
-    spec = SPECS[name]
+    return write_spec(path, SPECS[name], name, seed, chat_template)
+
+
+def write_spec(
+    path: Path, spec: DenseSpec, name: str, seed: int = 0, chat_template: str | None = None
+) -> Path:
+    """Write a tiny model of any DenseSpec (variants a test builds for itself)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), spec.arch)
     w.add_name(f"tiny-{name}")
