@@ -41,6 +41,7 @@ class DenseSpec:
     full_qk_norm: bool = False  # olmo2: one norm over all heads of q, one over k
     fused_qkv: bool = False
     qkv_bias: bool = False
+    split_bias: bool = False  # with fused_qkv: attn_q/k/v.bias beside attn_qkv (legacy files)
     out_bias: bool = False  # attn_output.bias
     rope_freqs: bool = False
     rope_base: float = 10000.0
@@ -127,8 +128,12 @@ def _write_layer(w: gguf.GGUFWriter, rng: np.random.Generator, spec: DenseSpec, 
         w.add_tensor(b + "attn_norm.weight", norm_weight(rng, N_EMBD))
     if spec.fused_qkv:
         w.add_tensor(b + "attn_qkv.weight", rand(rng, Q_LEN + 2 * KV_LEN, N_EMBD))
-        if spec.qkv_bias:
+        if spec.qkv_bias and not spec.split_bias:
             w.add_tensor(b + "attn_qkv.bias", rand(rng, Q_LEN + 2 * KV_LEN, scale=0.1))
+        if spec.split_bias:
+            w.add_tensor(b + "attn_q.bias", rand(rng, Q_LEN, scale=0.1))
+            w.add_tensor(b + "attn_k.bias", rand(rng, KV_LEN, scale=0.1))
+            w.add_tensor(b + "attn_v.bias", rand(rng, KV_LEN, scale=0.1))
     else:
         w.add_tensor(b + "attn_q.weight", rand(rng, Q_LEN, N_EMBD))
         w.add_tensor(b + "attn_k.weight", rand(rng, KV_LEN, N_EMBD))

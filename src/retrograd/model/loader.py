@@ -179,6 +179,11 @@ def _block_parts(infos: list[TensorInfo], cfg: ModelConfig, frozen, dense) -> di
     for rest, info in by_suffix.items():
         if rest not in used:
             parts[rest] = dense(info)
+    qkv = parts.get("attn_qkv")
+    if isinstance(qkv, Linear) and qkv.bias is None and "attn_q.bias" in parts:
+        # legacy files: a fused weight beside separate biases, which llama.cpp concatenates
+        split = [parts.pop(f"attn_{x}.bias") for x in "qkv"]
+        qkv.bias = torch.nn.Parameter(torch.cat(split).float(), requires_grad=False)
     return parts
 
 
