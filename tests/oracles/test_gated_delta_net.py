@@ -14,6 +14,7 @@ from retrograd.model.decoder import ForwardContext
 from retrograd.model.kv_cache import KVCache
 from retrograd.sampling import Sampler
 from tests.oracles.llama_oracle import llama_logits
+from tests.oracles.test_model_exactness import IDS, QUANTS
 
 pytestmark = pytest.mark.oracle
 
@@ -83,3 +84,15 @@ def test_the_mixer_under_grad_takes_the_chunks_with_the_walks_values_and_gradien
     y_walk, grad_walk = run()
     torch.testing.assert_close(y, y_walk, atol=1e-5, rtol=0)
     torch.testing.assert_close(grad, grad_walk, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ftype", QUANTS)
+def test_quantized_qwen35_matches_llama_cpp_on_its_f32_copy(tiny_model, ftype):
+    from tests.factories.tiny_gguf import quantize
+
+    quantized = tiny_model("qwen35", ftype)
+    f32 = quantize(quantized, quantized.with_name(quantized.stem + "-as-f32.gguf"), "ALL_F32")
+    ours = retrograd.load(quantized, device="cpu", dtype=torch.float32).logits(IDS).numpy()
+    ref = llama_logits(f32, IDS)
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() == 1.0
+    assert np.abs(ours - ref).max() < 2e-3
