@@ -126,3 +126,25 @@ def test_an_adapter_on_every_matmul_weight_is_applied_as_llama_cpp_applies_it(
     assert np.abs(ref - llama_logits(model, ids)).max() > 0.05
     got = retrograd.load(model, device="cpu", dtype=torch.float32, adapter=adapter).logits(ids)
     assert np.abs(got.numpy() - ref).max() < 2e-3
+
+
+@pytest.mark.parametrize("name", ["lfm2", "qwen3moe"])
+def test_grpo_trains_a_hybrid_and_a_mixture_at_the_default_passes(tmp_path, name):
+    """RL on the families: sampled groups (a shared prompt fanned out, states copied), scored
+    with the shared prompt run once; ctx 128 in the default passes of 32 tokens."""
+    from retrograd.algorithms.grpo import run_grpo
+    from retrograd.config import load_run
+    from tests.e2e.test_train_grpo import CHAT_TEMPLATE, sinks
+    from tests.e2e.test_train_grpo import write_run as grpo_run
+    from tests.factories.tiny_gguf import write_tiny
+
+    model = write_tiny(tmp_path / f"{name}.gguf", name, chat_template=CHAT_TEMPLATE)
+    run = grpo_run(
+        tmp_path,
+        model,
+        {"updates": 2, "group_size": 4},
+        training={"ctx": 128, "micro_batch": None, "gradient_accumulation": None},
+    )
+    result = run_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert len(result.rewards) == 2 and all(np.isfinite(result.rewards))
+    assert (tmp_path / "out" / "adapter.gguf").exists()
