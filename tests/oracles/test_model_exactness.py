@@ -70,6 +70,12 @@ def test_quantized_moe_models_match_llama_cpp_on_their_f32_copy(tiny_model, name
     test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype)
 
 
+@pytest.mark.parametrize("ftype", ["MOSTLY_Q4_K_M", "MOSTLY_Q8_0"])
+def test_quantized_lfm2_matches_llama_cpp_on_its_f32_copy(tiny_model, ftype):
+    """Quantized short-convolution projections; the kernels stay float32 as llama.cpp keeps them."""
+    test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, "lfm2", ftype)
+
+
 def gemma_ids(path, n: int) -> list[int]:
     text = (__import__("pathlib").Path(__file__).parent.parent / "data" / "varied.txt").read_text()
     llm = open_llama(path, n_ctx=64)
