@@ -11,7 +11,7 @@ writer registers itself in tiny_gguf.WRITERS on import; llama.cpp loads every fi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -46,11 +46,21 @@ class MoESpec:
     ffn_norm: str = "ffn_norm"  # gpt-oss names its pre-FFN norm post_attention_norm
     expert_bias: bool = False  # router and expert biases (gpt-oss)
     keys: Callable[[gguf.GGUFWriter], None] | None = None
+    rope_base: float = 10000.0
 
 
 def _gpt_oss_keys(w: gguf.GGUFWriter) -> None:
     w.add_sliding_window(8)  # pattern 2: even layers slide, odd layers see everything
     w.add_expert_feed_forward_length(N_FF_EXP)
+
+
+def _gpt_oss_yarn_keys(w: gguf.GGUFWriter) -> None:
+    """The released gpt-oss rope: YaRN, factor 32 over an original 4096 tokens, base 150000
+    (the ramp then spans rotary pairs 8-17 of 32), in every layer, windowed or not."""
+    _gpt_oss_keys(w)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
 
 
 def _qwen3moe_keys(w: gguf.GGUFWriter) -> None:
@@ -69,13 +79,14 @@ SPECS: dict[str, MoESpec] = {
         keys=_gpt_oss_keys,
     ),
 }
+SPECS["gpt-oss-yarn"] = replace(SPECS["gpt-oss"], keys=_gpt_oss_yarn_keys, rope_base=150000.0)
 
 
 def write_moe(name: str, path: Path, seed: int = 0, chat_template: str | None = None) -> Path:
     spec = SPECS[name]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), spec.arch)
-    _header(w, f"tiny-{name}", spec.n_layer, spec.n_head_kv, chat_template)
+    _header(w, f"tiny-{name}", spec.n_layer, spec.n_head_kv, chat_template, base=spec.rope_base)
     if spec.keys is not None:
         spec.keys(w)
     _globals(w, rng, spec.tied)
@@ -162,7 +173,13 @@ def add_experts(w: gguf.GGUFWriter, rng: np.random.Generator, b: str, bias: bool
 
 
 def _header(
-    w, name: str, n_layer: int, n_head_kv, chat_template: str | None, ffn: int = N_FF_EXP
+    w,
+    name: str,
+    n_layer: int,
+    n_head_kv,
+    chat_template: str | None,
+    ffn: int = N_FF_EXP,
+    base: float = 10000.0,
 ) -> None:
     w.add_name(name)
     w.add_block_count(n_layer)
@@ -176,7 +193,7 @@ def _header(
     w.add_value_length(HEAD_DIM)
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(base)
     w.add_expert_count(N_EXPERT)
     w.add_expert_used_count(N_EXPERT_USED)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -205,4 +222,4 @@ def _writer(name: str):
 for _name in SPECS:
     tiny_gguf.WRITERS[_name] = _writer(_name)
 tiny_gguf.WRITERS["lfm2moe"] = write_lfm2moe
-NAMES = (*sorted(SPECS), "lfm2moe")  # every mixture of experts written here
+NAMES = ("gpt-oss", "lfm2moe", "olmoe", "qwen3moe")  # one file per family

@@ -50,6 +50,7 @@ class ArchFacts:
     expert_act: str = "silu"  # the experts' gated activation: silu or swiglu_oai (gpt-oss)
     attn_sinks: bool = False  # gpt-oss: attn_sinks, one logit per head in the softmax
     ffn_norm_tensor: str = "ffn_norm"  # gpt-oss stores its pre-FFN norm as post_attention_norm
+    swa_rope_scaled: bool = False  # gpt-oss: window layers keep the file's rope scaling (YaRN)
 
 
 ARCHS: dict[str, ArchFacts] = {
@@ -180,6 +181,7 @@ ARCHS: dict[str, ArchFacts] = {
         expert_act="swiglu_oai",
         attn_sinks=True,
         ffn_norm_tensor="post_attention_norm",
+        swa_rope_scaled=True,
     ),
 }
 

@@ -293,6 +293,8 @@ def _rope_and_scales(g: GGUFFile, arch: ArchFacts, n_layer: int, factor: float) 
         yarn=_yarn(g, arch, factor, n_ctx_orig),
         layer_rope=tuple(rope_on),
     )
+    if arch.swa_rope_scaled:  # llama.cpp: rope_freq_scale_train_swa = rope_freq_scale_train
+        out["rope_freq_scale_swa"] = _freq_scale(g, factor)
     if arch.multipliers:
         out.update(
             embedding_scale=float(key("embedding_scale", 0.0) or 1.0),

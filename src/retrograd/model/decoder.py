@@ -347,8 +347,9 @@ class ForwardContext:
         )
         self.rope_swa = self.rope
         if any(cfg.swa_layers):  # llama.cpp: no YaRN and no linear scale in window layers
-            scale = cfg.rope_freq_scale_swa
-            self.rope_swa = _angles(positions, cfg, cfg.rope_base_swa, scale, None, freq_factors)
+            scale = cfg.rope_freq_scale_swa  # (but gpt-oss's window layers keep them)
+            yarn = cfg.yarn if cfg.arch.swa_rope_scaled else None
+            self.rope_swa = _angles(positions, cfg, cfg.rope_base_swa, scale, yarn, freq_factors)
         self.q_temp = _temperature(positions, cfg) if cfg.attn_temp_scale else None
         S = start + T
         needs_mask = cache is not None and start > 0 or key_mask is not None
