@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from retrograd.errors import GGUFError
+
 CHUNK = 64  # tokens per chunk of the chunked scan
 
 
@@ -167,33 +169,43 @@ def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
     d_inner, n_group, d_state = cfg.ssm_d_inner, cfg.ssm_n_group, cfg.ssm_d_state
     H = cfg.ssm_dt_rank  # heads
     Bt, T, _ = h.shape
-    zxbcdt = block.part("ssm_in")(h).float()  # (B, T, 2 d_inner + 2 G N + H)
+    zxbcdt = _need(block, "ssm_in")(h).float()  # (B, T, 2 d_inner + 2 G N + H)
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * n_group * d_state, H], -1)
     state = ctx.state(il)
     conv_state, ssm_state = (None, None) if state is None else state
     pad = None
     if ctx.valid is not None:  # left padding: no input, and no step of the scan
+        # NOTE: valid is False on a prefix of each row (left padding), so its count places it
         xbc = xbc * ctx.valid[..., None]
         pad = (~ctx.valid).sum(1)
     xbc, conv_state = conv(
-        xbc, block.part("ssm_conv1d.weight"), block.part("ssm_conv1d.bias"), conv_state, pad
+        xbc, _need(block, "ssm_conv1d.weight"), block.part("ssm_conv1d.bias"), conv_state, pad
     )
     xbc = F.silu(xbc)
     x, b, c = xbc.split([d_inner, n_group * d_state, n_group * d_state], -1)
     x = x.view(Bt, T, H, d_inner // H)  # (B, T, H, P)
     b, c = b.view(Bt, T, n_group, d_state), c.view(Bt, T, n_group, d_state)
-    dt = softplus(dt + block.part("ssm_dt.bias"))  # (B, T, H)
+    dt = softplus(dt + _need(block, "ssm_dt.bias"))  # (B, T, H)
     if ctx.valid is not None:
         dt = dt * ctx.valid[..., None]
-    A = block.part("ssm_a").reshape(H)
+    A = _need(block, "ssm_a").reshape(H)
     y, ssm_state = scan(x, dt, A, b, c, ssm_state)
     ctx.keep(il, (conv_state, ssm_state))
-    y = y + x * block.part("ssm_d").reshape(H, 1)
+    y = y + x * _need(block, "ssm_d").reshape(H, 1)
     y = y.reshape(Bt, T, d_inner) * F.silu(z)  # ggml swiglu_split(z, y)
     norm = block.part("ssm_norm")
     if norm is not None:  # grouped RMSNorm: weight (G, d_inner / G)
         y = norm(y.view(Bt, T, n_group, d_inner // n_group)).reshape(Bt, T, d_inner)
-    return block.part("ssm_out")(y.to(ctx.dtype))
+    return _need(block, "ssm_out")(y.to(ctx.dtype))
+
+
+def _need(block, name: str):
+    """A part every Mamba-2 layer has; a file without it fails here, naming the tensor."""
+    part = block.part(name)
+    if part is None:
+        suffix = ".weight" if name in ("ssm_in", "ssm_out") else ""
+        raise GGUFError(f"{block.cfg.name} model is missing tensor blk.{block.il}.{name}{suffix}")
+    return part
 
 
 def mix_parallel(block, h: torch.Tensor, ctx) -> torch.Tensor:
