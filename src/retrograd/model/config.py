@@ -346,6 +346,8 @@ def _moe(g: GGUFFile, arch: ArchFacts, n_layer: int) -> ExpertRouting | None:
         if value not in GATING_FUNCS:
             raise UnsupportedError(f"{where}.expert_gating_func = {value}: not supported")
         gating = GATING_FUNCS[value]
+    if int(key("expert_group_count", 0) or 0) > 1:
+        raise UnsupportedError(f"{where}.expert_group_count > 1 (grouped routing): not supported")
     n_expert = int(key("expert_count", 0) or 0)
     n_used = _per_layer_uniform(g, "expert_used_count", key("expert_used_count", 0) or 0)
     if not 0 < n_used <= n_expert:
