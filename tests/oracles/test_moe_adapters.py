@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import retrograd
+from retrograd.errors import GGUFError
 from retrograd.gguf import write_lora_adapter
-from retrograd.trainable.lora import attach_lora, target_modules
+from retrograd.trainable.lora import apply_adapter_file, attach_lora, target_modules
 from tests.factories.tiny_moe import NAMES
 from tests.oracles.llama_oracle import llama_logits
 
@@ -64,3 +65,22 @@ def test_ffn_aliases_target_the_experts_and_train_them(tiny_model):
     m.decoder.head(m.decoder(torch.tensor([IDS]))).logsumexp(-1).sum().backward()
     grads = up.lora_a.grad.abs().sum((1, 2))
     assert (grads > 0).sum() >= 2  # the experts the prompt reached
+
+
+def test_an_expert_adapter_of_the_wrong_layout_is_refused(tiny_model, tmp_path):
+    model = tiny_model("qwen3moe")
+    m = retrograd.load(model, device="cpu", dtype=torch.float32)
+    a, b = random_pairs(m.decoder, lambda base: base == "blk.0.ffn_up_exps")[
+        "blk.0.ffn_up_exps.weight"
+    ]
+    with pytest.raises(GGUFError, match="same rank"):  # A and B for different expert counts
+        write_lora_adapter(
+            tmp_path / "x.gguf",
+            architecture="qwen3moe",
+            tensors={"blk.0.ffn_up_exps.weight": (a[:4], b)},
+            alpha=8.0,
+        )
+    flat = {"blk.0.ffn_up_exps.weight": (a[0], b[0])}  # one 2-D pair for an expert tensor
+    path = write_lora_adapter(tmp_path / "y.gguf", architecture="qwen3moe", tensors=flat, alpha=8.0)
+    with pytest.raises(GGUFError, match="do not fit a 8x128x256 weight"):
+        apply_adapter_file(m.decoder, path)

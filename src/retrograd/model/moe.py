@@ -137,8 +137,6 @@ def route(
         probs = logits.sigmoid()
     elif gating == "softmax_weight":
         probs = logits
-    elif gating == "sqrt_softplus":
-        probs = F.softplus(logits).sqrt()
     else:
         raise ValueError(f"unknown expert gating {gating!r}")
     pick = probs if selection_bias is None else probs + selection_bias.float()
