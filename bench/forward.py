@@ -8,7 +8,12 @@ Each measurement runs in its own process so that its peak memory (max RSS) is it
   - ours, bf16 (the default on this CPU): the same prefill, last-token logits;
   - ours, one LoRA training step (rank 8 on all seven projections, 512 tokens, loss over every
     position of the 262k vocabulary, backward);
-  - the machine's bf16 matmul rate, to state model FLOPs utilization.
+  - the machine's bf16 matmul rate, to state model FLOPs utilization;
+  - the same prefill (llama.cpp and ours) and training step on tiny models of the other
+    families, written by the test factory: mixtures of experts with 8 or 32 experts, 2 or 8
+    used per token (routing costs, and whether cost follows the active experts or the total),
+    and a hybrid (lfm2: short convolutions beside attention, the recurrent state's cost).
+    `--families` runs only these rows.
 Results go to docs/performance.md by hand, with this command.
 """
 
@@ -27,6 +32,7 @@ import json
 import resource
 import statistics
 import subprocess
+import tempfile
 import time
 
 
@@ -50,6 +56,36 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def model_path(args) -> str:
+    return args.model or gemma()
+
+
+def token_ids(args) -> list[int]:
+    """The bench's tokens: spread over Gemma's vocabulary, or over a tiny model's 512."""
+    if args.model:
+        return [1] + [3 + (i * 7919) % 509 for i in range(args.tokens - 1)]
+    return [2] + [1000 + (i * 7919) % 200000 for i in range(args.tokens - 1)]
+
+
+# Tiny models of the other families: (label, factory name, experts, used, expert hidden size)
+FAMILIES = [
+    ("tiny MoE, 8 experts, 2 used", "qwen3moe", 8, 2, 512),
+    ("tiny MoE, 32 experts, 2 used", "qwen3moe", 32, 2, 512),
+    ("tiny MoE, 32 experts, 8 used", "qwen3moe", 32, 8, 512),
+    ("tiny hybrid (lfm2)", "lfm2", 0, 0, 0),
+]
+
+
+def write_family(folder: Path, name: str, experts: int, used: int, ff: int) -> Path:
+    from tests.factories import tiny_gguf, tiny_moe
+
+    path = folder / f"{name}-{experts}x{used}.gguf"
+    if experts:
+        tiny_moe.N_EXPERT, tiny_moe.N_EXPERT_USED, tiny_moe.N_FF_EXP = experts, used, ff
+        return tiny_moe.write_moe(name, path)
+    return tiny_gguf.write_tiny(path, name)
+
+
 def worker_llama(args) -> dict:
     import llama_cpp
 
@@ -57,7 +93,7 @@ def worker_llama(args) -> dict:
 
     quiet()
     llm = llama_cpp.Llama(
-        model_path=gemma(),
+        model_path=model_path(args),
         n_ctx=args.tokens + 64,
         n_batch=args.tokens,
         n_ubatch=args.tokens,
@@ -66,7 +102,7 @@ def worker_llama(args) -> dict:
         logits_all=False,
         verbose=False,
     )
-    ids = [2] + [1000 + (i * 7919) % 200000 for i in range(args.tokens - 1)]
+    ids = token_ids(args)
 
     def prefill():
         llm.reset()
@@ -84,9 +120,8 @@ def _model(args):
     # isort: on
 
     torch.set_num_threads(args.threads)
-    m = retrograd.load(gemma(), device="cpu")
-    ids = torch.tensor([[2] + [1000 + (i * 7919) % 200000 for i in range(args.tokens - 1)]])
-    return m, ids
+    m = retrograd.load(model_path(args), device="cpu")
+    return m, torch.tensor([token_ids(args)])
 
 
 def worker_prefill(args) -> dict:
@@ -194,7 +229,7 @@ def model_flops_per_token(tokens: int) -> tuple[float, float]:
     return fwd_layers + 2 * head / tokens, train  # prefill computes the head for one token
 
 
-def run_worker(kind: str, args) -> dict:
+def run_worker(kind: str, args, model: Path | None = None) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -206,7 +241,7 @@ def run_worker(kind: str, args) -> dict:
         str(args.tokens),
         "--repeats",
         str(args.repeats),
-    ]
+    ] + (["--model", str(model)] if model else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"worker {kind} failed:\n{out.stderr}")
@@ -220,7 +255,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--families", action="store_true", help="only the tiny-family rows")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         fn = {
@@ -231,6 +268,27 @@ def main() -> None:
         }[args.worker]
         print(json.dumps(fn(args)))
         return
+    if not args.families:
+        gemma_rows(args)
+    family_rows(args)
+
+
+def family_rows(args) -> None:
+    """Prefill (llama.cpp, ours) and a training step on each tiny family model."""
+    print(
+        f"\nTiny families ({args.tokens} tokens, {args.threads} threads; ratio = ours / llama.cpp)"
+    )
+    print(f"{'model':34} {'llama.cpp':>10} {'ours':>10} {'ratio':>6} {'training':>10}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, name, experts, used, ff in FAMILIES:
+            path = write_family(Path(tmp), name, experts, used, ff)
+            ref = run_worker("llama", args, path)["prefill_tok_s"]
+            ours = run_worker("prefill", args, path)["prefill_tok_s"]
+            tr = run_worker("train", args, path)["train_tok_s"]
+            print(f"{label:34} {ref:10.1f} {ours:10.1f} {ours / ref:6.2f} {tr:10.1f}  tok/s")
+
+
+def gemma_rows(args) -> None:
     res = {k: run_worker(k, args) for k in ("matmul", "llama", "prefill", "train")}
     peak = res["matmul"]["tflops"]["bfloat16"] * 1e12
     fwd, train = model_flops_per_token(args.tokens)
