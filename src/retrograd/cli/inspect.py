@@ -18,7 +18,7 @@ from rich.table import Table
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.gguf import GGUFFile
-from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES
+from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES, alias_suffixes
 from retrograd.model.config import ModelConfig
 from retrograd.model.device import probe_device
 from retrograd.trainable.lora import auto_targets
@@ -111,14 +111,17 @@ def lora_targets(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str, int, str
     matrix weights a pattern can name (alias "-": short-convolution and SSM projections,
     routers, experts)."""
     rows, named = [], set()
-    for alias, suffix in TARGET_ALIASES.items():
-        names = [n for n in g.tensors if n == f"{suffix}.weight" or n.endswith(f".{suffix}.weight")]
+    for alias in TARGET_ALIASES:
         if alias == "output" and cfg.tied_output:
             continue
-        if names:
-            shape = "x".join(str(d) for d in g.tensors[names[0]].shape)
-            rows.append((alias, _group(names[0]), len(names), shape))
-            named.update(_group(n) for n in names)
+        for suffix in alias_suffixes(alias):  # ffn_up: dense ffn_up, experts' ffn_up_exps
+            names = [
+                n for n in g.tensors if n == f"{suffix}.weight" or n.endswith(f".{suffix}.weight")
+            ]
+            if names:
+                shape = "x".join(str(d) for d in g.tensors[names[0]].shape)
+                rows.append((alias, _group(names[0]), len(names), shape))
+                named.update(_group(n) for n in names)
     others: dict[str, list[str]] = defaultdict(list)
     for name, t in g.tensors.items():
         group = _group(name)

@@ -203,3 +203,10 @@ TARGET_ALIASES: dict[str, str] = {
     "ssm_in": "ssm_in",
     "ssm_out": "ssm_out",
 }
+
+
+def alias_suffixes(alias: str) -> tuple[str, ...]:
+    """The tensor suffixes a target alias names: the FFN aliases name the experts' 3-D
+    tensors (ffn_up -> ffn_up, ffn_up_exps) as well as the dense matrices."""
+    suffix = TARGET_ALIASES[alias]
+    return (suffix, suffix + "_exps") if suffix.startswith("ffn_") else (suffix,)

@@ -21,7 +21,7 @@ from torch import nn
 
 from retrograd.errors import ConfigError, GGUFError
 from retrograd.gguf import GGUFFile
-from retrograd.model.arch import TARGET_ALIASES
+from retrograd.model.arch import TARGET_ALIASES, alias_suffixes
 from retrograd.model.decoder import Decoder
 from retrograd.model.dequant import dequantize
 from retrograd.model.layers import Linear
@@ -137,11 +137,9 @@ def auto_targets(names: list[str], auto: tuple[str, ...]) -> tuple[str, ...]:
 
 def _match(names: list[str], target: str) -> list[str]:
     if target in TARGET_ALIASES:
-        suffix = TARGET_ALIASES[target]
-        ends = (
-            ("." + suffix, "." + suffix + "_exps") if suffix.startswith("ffn_") else ("." + suffix,)
-        )
-        return [n for n in names if n == suffix or n.endswith(ends)]
+        suffixes = alias_suffixes(target)
+        ends = tuple("." + s for s in suffixes)
+        return [n for n in names if n in suffixes or n.endswith(ends)]
     pattern = target if target.endswith(".weight") or "*" in target else target + ".weight"
     return [n for n in names if fnmatch.fnmatchcase(n + ".weight", pattern)]
 

@@ -132,7 +132,7 @@ def test_sequence_logprobs_of_rows_of_different_lengths(tiny_model):
     torch.testing.assert_close(g_together, g_alone, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen2", "lfm2"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen2", "lfm2", "falcon-h1"])
 def test_shared_prefix_fanout_equals_rows(tiny_model, name):
     """The prompt run once for a group (formats.md §8.2) gives the rows' log-probabilities and
     the same gradient for an adapter on every layer, sliding windows included (gemma3: 8)."""

@@ -55,6 +55,8 @@ def assert_same_answer(a, b):
         ("llama3", True, True),
         ("lfm2", False, True),
         ("lfm2", True, False),
+        ("mamba2", False, True),
+        ("falcon-h1", True, False),
     ],
 )
 def test_an_answer_alone_equals_the_answer_joining_a_running_batch(models, name, fast, sampled):
