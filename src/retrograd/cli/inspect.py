@@ -131,6 +131,7 @@ def lora_targets(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str, int, str
             or not name.endswith(".weight")
             or len(t.shape) < 2
             or part in FLOAT_PARTS
+            or part.endswith("norm.weight")  # norms per group (ssm_norm) are 2-D, not matrices
             or name == "token_embd.weight"
         ):
             continue

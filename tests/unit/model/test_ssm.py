@@ -234,3 +234,22 @@ def test_model_gradient_through_the_scan_equals_finite_differences(tiny_model, n
         down = logp()
     fd = float(up - down) / (2 * eps)
     assert abs(fd - float((grad * d).sum())) < 0.02 * abs(fd) + 1e-3
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_inspect_lists_exactly_the_matrices_lora_can_target(tiny_model, name):
+    """Every tensor group inspect offers as a LoRA target names Linears of the decoder, and every
+    Linear is offered (ssm_norm, 2-D per group, is a norm, not a matrix)."""
+    from retrograd.cli.inspect import lora_targets
+    from retrograd.trainable.lora import linear_modules, resolve_targets
+
+    m = load(tiny_model(name))
+    names = list(linear_modules(m.decoder))
+    covered = set()
+    for _, pattern, count, _ in lora_targets(m.gguf, m.config):
+        chosen = resolve_targets(names, [pattern], ())
+        assert len(chosen) == count, pattern
+        covered.update(chosen)
+    assert covered == set(names)
+    auto = resolve_targets(names, ["auto"], m.config.arch.lora_targets_auto)
+    assert {n.split(".")[-1] for n in auto} >= {"ssm_in", "ssm_out"}
