@@ -12,7 +12,8 @@ Each measurement runs in its own process so that its peak memory (max RSS) is it
   - the same prefill (llama.cpp and ours) and training step on tiny models of the other
     families, written by the test factory: mixtures of experts with 8 or 32 experts, 2 or 8
     used per token (routing costs, and whether cost follows the active experts or the total),
-    and a hybrid (lfm2: short convolutions beside attention, the recurrent state's cost).
+    and hybrids (lfm2: short convolutions beside attention; falcon-h1: a Mamba-2 scan beside
+    attention in every layer): the recurrent state's cost.
     `--families` runs only these rows.
 Results go to docs/performance.md by hand, with this command.
 """
@@ -73,6 +74,7 @@ FAMILIES = [
     ("tiny MoE, 32 experts, 2 used", "qwen3moe", 32, 2, 512),
     ("tiny MoE, 32 experts, 8 used", "qwen3moe", 32, 8, 512),
     ("tiny hybrid (lfm2)", "lfm2", 0, 0, 0),
+    ("tiny hybrid (falcon-h1)", "falcon-h1", 0, 0, 0),
 ]
 
 
