@@ -190,7 +190,7 @@ def _block_parts(infos: list[TensorInfo], cfg: ModelConfig, frozen, dense) -> di
 def _check_block(g: GGUFFile, cfg: ModelConfig, il: int, parts: dict) -> None:
     mixer, ffn = cfg.layer_mixer[il], cfg.layer_ffn[il]
     need = ["attn_norm"] if cfg.arch.pre_norms else []
-    if mixer == "attention":
+    if mixer.startswith("attention"):  # attention, or beside another mixer (falcon-h1)
         need.append("attn_output")
         need += (
             ["attn_qkv"]
