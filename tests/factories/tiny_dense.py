@@ -24,6 +24,7 @@ from tests.factories.tiny_gguf import (
     N_HEAD_KV,
     N_VOCAB,
     add_tokenizer,
+    attention_header,
     norm_weight,
     rand,
 )
@@ -89,20 +90,8 @@ def write_spec(
 ) -> Path:
     """Write a tiny model of any DenseSpec (variants a test builds for itself)."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), spec.arch)
-    w.add_name(f"tiny-{name}")
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
+    w = attention_header(path, spec.arch, name, spec.n_layer, 1e-5, spec.rope_base)
     w.add_rope_dimension_count(HEAD_DIM)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(spec.rope_base)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if spec.keys is not None:
         spec.keys(w)
     add_tokenizer(w, chat_template)

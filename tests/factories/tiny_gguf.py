@@ -106,6 +106,27 @@ def norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
 
+def attention_header(
+    path: Path, arch: str, name: str, n_layer: int, eps: float, rope_base: float
+) -> gguf.GGUFWriter:
+    """A writer with what the tiny attention models share: N_EMBD, N_FF, N_HEAD, N_HEAD_KV and
+    HEAD_DIM, a 256-token context, F32 weights, and the given layers, norm eps and rope base."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{name}")
+    w.add_block_count(n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_freq_base(rope_base)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    return w
+
+
 def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None = None) -> Path:
     """Write the F32 tiny model `name` (a key of SPECS) to path, with `chat_template` as its
     tokenizer.chat_template when given (none otherwise, as the Gemma test model)."""
@@ -115,19 +136,8 @@ def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None =
     spec = SPECS[name]
     arch = spec.arch
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{name}")
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
-    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    eps = 1e-6 if arch.startswith("gemma") else 1e-5
+    w = attention_header(path, arch, name, spec.n_layer, eps, 1e6 if arch == "gemma3" else 1e4)
     if arch == "llama":
         w.add_rope_dimension_count(HEAD_DIM)
     if spec.window:
