@@ -40,6 +40,7 @@ class DenseSpec:
     pre_norms: bool = True  # attn_norm and ffn_norm (olmo2 has neither)
     post_norms: bool = False  # post_attention_norm and post_ffw_norm
     full_qk_norm: bool = False  # olmo2: one norm over all heads of q, one over k
+    head_qk_norm: bool = False  # qwen3: a norm per head of q and of k
     fused_qkv: bool = False
     qkv_bias: bool = False
     split_bias: bool = False  # with fused_qkv: attn_q/k/v.bias beside attn_qkv (legacy files)
@@ -127,9 +128,10 @@ def _write_layer(w: gguf.GGUFWriter, rng: np.random.Generator, spec: DenseSpec, 
         w.add_tensor(b + "attn_q.weight", rand(rng, Q_LEN, N_EMBD))
         w.add_tensor(b + "attn_k.weight", rand(rng, KV_LEN, N_EMBD))
         w.add_tensor(b + "attn_v.weight", rand(rng, KV_LEN, N_EMBD))
-    if spec.full_qk_norm:
-        w.add_tensor(b + "attn_q_norm.weight", norm_weight(rng, Q_LEN))
-        w.add_tensor(b + "attn_k_norm.weight", norm_weight(rng, KV_LEN))
+    if spec.full_qk_norm or spec.head_qk_norm:
+        q_n, k_n = (Q_LEN, KV_LEN) if spec.full_qk_norm else (HEAD_DIM, HEAD_DIM)
+        w.add_tensor(b + "attn_q_norm.weight", norm_weight(rng, q_n))
+        w.add_tensor(b + "attn_k_norm.weight", norm_weight(rng, k_n))
     w.add_tensor(b + "attn_output.weight", rand(rng, N_EMBD, Q_LEN))
     if spec.out_bias:
         w.add_tensor(b + "attn_output.bias", rand(rng, N_EMBD, scale=0.1))

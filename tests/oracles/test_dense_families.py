@@ -4,7 +4,8 @@ llama.cpp's float32 logits; and their quantized files against llama.cpp on the F
 Variants: YaRN on a llama (the generic path gpt-oss reuses), mistral3 with its own betas and
 log multiplier, a linear factor with rope.scaling.attn_factor, scaling type none, granite with
 rope switched off, olmo3 (olmo2 with sliding windows: no YaRN in the window layers), a fused
-attn_qkv beside separate q, k and v biases (legacy files).
+attn_qkv beside separate q, k and v biases (legacy files), and qwen3's per-head Q/K norms
+after a fused attn_qkv.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ VARIANTS: dict[str, tuple[DenseSpec, dict]] = {
         {},
     ),
     "qwen2-qkv-split-bias": (replace(SPECS["qwen2-qkv"], split_bias=True), {}),
+    "qwen3-qkv": (DenseSpec("qwen3", tied=False, fused_qkv=True, head_qk_norm=True), {}),
     "olmo3": (
         replace(
             SPECS["olmo2"],
