@@ -103,15 +103,15 @@ def test_routing_matches_the_per_token_formula(gating, norm, biased):
 
 
 @pytest.mark.parametrize(
-    "qtype,act,bias",
+    "qtype,act,bias,gating",
     [
-        (GGMLQuantizationType.F32, "silu", False),
-        (GGMLQuantizationType.Q8_0, "silu", False),
-        (GGMLQuantizationType.F32, "swiglu_oai", True),
+        (GGMLQuantizationType.F32, "silu", False, "softmax"),
+        (GGMLQuantizationType.Q8_0, "silu", False, "sigmoid"),
+        (GGMLQuantizationType.F32, "swiglu_oai", True, "softmax_weight"),  # gpt-oss
     ],
 )
 @pytest.mark.parametrize("cached", [False, True])
-def test_experts_ffn_and_gradients_match_the_dense_reference(qtype, act, bias, cached):
+def test_experts_ffn_and_gradients_match_the_dense_reference(qtype, act, bias, gating, cached):
     rng = np.random.default_rng(1)
     cache = DenseCache(cached)
     gate, gd = experts_tensor(rng, (E, FF, C), qtype, cache, bias)
@@ -119,13 +119,17 @@ def test_experts_ffn_and_gradients_match_the_dense_reference(qtype, act, bias, c
     down, dd = experts_tensor(rng, (E, C, FF), qtype, cache, bias)
     x = torch.from_numpy(rng.standard_normal((N, C)).astype(np.float32) * 4).requires_grad_()
     logits = torch.from_numpy(rng.standard_normal((N, E)).astype(np.float32)).requires_grad_()
-    w, sel = route(logits, K, "softmax", True)
+    norm = gating != "softmax_weight"
+    w, sel = route(logits, K, gating, norm)
     y = experts_ffn(x, w, sel, gate, up, down, act)
 
     x64 = x.detach().double().requires_grad_()
     l64 = logits.detach().double().requires_grad_()
-    p64 = l64.softmax(-1).gather(-1, sel)
-    w64 = p64 / p64.sum(-1, keepdim=True)
+    if gating == "softmax_weight":  # softmax over the selected logits
+        w64 = l64.gather(-1, sel).softmax(-1)
+    else:
+        p64 = (l64.softmax(-1) if gating == "softmax" else l64.sigmoid()).gather(-1, sel)
+        w64 = p64 / p64.sum(-1, keepdim=True)
     biases = (gate.bias, up.bias, down.bias)
     ref = ref_ffn(x64, w64, sel, gd, ud, dd, act, biases)
     torch.testing.assert_close(y.double(), ref, atol=2e-5, rtol=1e-5)
