@@ -129,7 +129,13 @@ class ModelConfig:
         n_head_kv = _per_layer_uniform(
             g, "attention.head_count_kv", key("attention.head_count_kv", n_head)
         )
-        n_ff = _per_layer_uniform(g, "feed_forward_length", required("feed_forward_length"))
+        # a file whose every FFN is a mixture of experts may size only its experts
+        ff = (
+            key("feed_forward_length", 0)
+            if key("expert_count")
+            else required("feed_forward_length")
+        )
+        n_ff = _per_layer_uniform(g, "feed_forward_length", ff)
         per_head = n_embd // n_head if n_head else 0  # mamba2: no attention, head_count 0
         head_dim = int(key("attention.key_length", per_head))
         head_dim_v = int(key("attention.value_length", per_head))
