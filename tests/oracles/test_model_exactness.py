@@ -63,10 +63,11 @@ def test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, nam
     assert diff < 2e-3, f"{name} {ftype}: max |logit diff| {diff:.2e}"
 
 
-@pytest.mark.parametrize("ftype", ["MOSTLY_Q4_K_M", "MOSTLY_Q8_0"])
+@pytest.mark.parametrize("ftype", ["MOSTLY_Q4_K_M", "MOSTLY_Q8_0", "MOSTLY_MXFP4_MOE"])
 @pytest.mark.parametrize("name", MOE_NAMES)
 def test_quantized_moe_models_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype):
-    """Quantized 3-D expert tensors, dequantized one selected expert at a time."""
+    """Quantized 3-D expert tensors, dequantized one selected expert at a time (MXFP4: the
+    released gpt-oss files' expert format)."""
     test_quantized_tiny_models_match_llama_cpp_on_their_f32_copy(tiny_model, name, ftype)
 
 
