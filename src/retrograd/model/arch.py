@@ -33,6 +33,7 @@ class ArchFacts:
     rope_freqs_tensor: bool = False  # llama 3: rope_freqs.weight divides the frequencies
     attn_output_gate: bool = False  # qwen35: attn_q is (query, gate) per head; o *= sigmoid(gate)
     rope_sections: bool = False  # qwen35: interleaved M-RoPE sections (text: equal positions)
+    delta_net_grouped_heads: bool = False  # qwen3next: value head j reads key head j // (H_v/H_k)
     lora_targets_auto: tuple[str, ...] = ("q", "k", "v", "o", "ffn_gate", "ffn_up", "ffn_down")
     # (tensor suffix present in a layer -> its token mixer), first match; else "attention"
     mixers: tuple[tuple[str, str], ...] = ()
@@ -124,6 +125,18 @@ ARCHS: dict[str, ArchFacts] = {
         rope_sections=True,
         ffn_norm_tensor="post_attention_norm",
         # attention layers' q, k, v, o and the delta-net layers' attn_qkv and ssm_out
+        lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
+    ),
+    "qwen3next": ArchFacts(
+        "qwen3next",
+        ROPE_NEOX,
+        "silu",
+        qk_norm=True,
+        mixers=(("ssm_a", "delta_net"),),
+        attn_output_gate=True,
+        ffn_norm_tensor="post_attention_norm",
+        expert_norm=True,
+        delta_net_grouped_heads=True,
         lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
     ),
     "lfm2": ArchFacts(

@@ -140,12 +140,10 @@ def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
     norm = block.part("ssm_norm")
     H = block.part("ssm_a").numel()
     D = norm.weight.numel()  # llama.cpp: head_k_dim = head_v_dim = ssm.state_size
-    qkv = block.part("attn_qkv")(h).float()
-    Hk = (qkv.shape[-1] - H * D) // (2 * D)
-    z = block.part("attn_gate")(h)
-    beta = torch.sigmoid(block.part("ssm_beta")(h).float())  # (B, T, H)
-    alpha = block.part("ssm_alpha")(h).float() + block.part("ssm_dt.bias")
-    g = F.softplus(alpha) * block.part("ssm_a")  # log-decay, <= 0
+    qkv, z, Hk = _qkvz(block, h, H, D)
+    beta, alpha = _beta_alpha(block, h, H, Hk)
+    beta = torch.sigmoid(beta)  # (B, T, H)
+    g = F.softplus(alpha + block.part("ssm_dt.bias")) * block.part("ssm_a")  # log-decay, <= 0
     state = ctx.state(block.il)
     conv_state, s = (None, None) if state is None else state
     n_pad = None
@@ -159,6 +157,8 @@ def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
     eps = block.cfg.rms_eps
     q = l2_norm(q.reshape(B, T, Hk, D), eps)
     k = l2_norm(k.reshape(B, T, Hk, D), eps)
+    if block.cfg.arch.delta_net_grouped_heads and Hk != H:  # value head j: key head j // r
+        q, k = q.repeat_interleave(H // Hk, 2), k.repeat_interleave(H // Hk, 2)
     # NOTE: the walk's backward is one small graph per position (10-30x slower than the chunks'
     # and a state saved per position): chunks whenever a gradient flows or T is long
     walk = T < CHUNK and not torch.is_grad_enabled()
@@ -167,3 +167,29 @@ def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
     ctx.keep(block.il, (conv_state, s))
     o = norm(o) * F.silu(z.float().view(B, T, H, D))
     return block.part("ssm_out")(o.reshape(B, T, H * D).to(ctx.dtype))
+
+
+def _qkvz(block, h: torch.Tensor, H: int, D: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(the convolution's input q | k | v (B, T, C) float32, the gate z (B, T, H * D), key
+    heads) from attn_qkv and attn_gate, or from a legacy fused ssm_in (qwen3next) that holds
+    q, k, v and z per key head: (D, D, r D, r D) with r = H / H_k value heads each."""
+    B, T, _ = h.shape
+    if block.part("attn_qkv") is not None:
+        qkv = block.part("attn_qkv")(h).float()
+        return qkv, block.part("attn_gate")(h), (qkv.shape[-1] - H * D) // (2 * D)
+    qkvz = block.part("ssm_in")(h)
+    Hk = (qkvz.shape[-1] - 2 * H * D) // (2 * D)  # the width is H_k (2 D) + 2 H D
+    r = H // Hk
+    q, k, v, z = qkvz.view(B, T, Hk, -1).split([D, D, r * D, r * D], -1)
+    qkv = torch.cat([t.reshape(B, T, -1) for t in (q, k, v)], -1).float()
+    return qkv, z.reshape(B, T, H * D), Hk
+
+
+def _beta_alpha(block, h: torch.Tensor, H: int, Hk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(beta, alpha) logits (B, T, H) float32: ssm_beta and ssm_alpha, or qwen3next's ssm_ba
+    holding per key head its r value heads' beta, then their alpha."""
+    if block.part("ssm_ba") is None:
+        return block.part("ssm_beta")(h).float(), block.part("ssm_alpha")(h).float()
+    B, T, _ = h.shape
+    b, a = block.part("ssm_ba")(h).float().view(B, T, Hk, -1).chunk(2, -1)
+    return b.reshape(B, T, H), a.reshape(B, T, H)

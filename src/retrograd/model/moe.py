@@ -204,4 +204,17 @@ def ffn(block, h: torch.Tensor, ctx) -> torch.Tensor:
     weights, selected = route(logits, moe.n_used, moe.gating, moe.norm, selection_bias=bias)
     gate, up, down = (block.part(n) for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
     y = experts_ffn(x, weights, selected, gate, up, down, moe.act)
+    if block.part("ffn_up_shexp") is not None:
+        y = y + shared_expert(block, x)
     return y.to(h.dtype).view(B, T, C)
+
+
+def shared_expert(block, x: torch.Tensor) -> torch.Tensor:
+    """The expert every token takes (qwen3next, qwen2moe): a SwiGLU FFN, times
+    sigmoid(x . ffn_gate_inp_shexp) when the file has that gate -> (N, n_embd) float32."""
+    gate, up = block.part("ffn_gate_shexp")(x), block.part("ffn_up_shexp")(x)
+    y = block.part("ffn_down_shexp")(F.silu(gate) * up).float()
+    w = block.part("ffn_gate_inp_shexp.weight")  # (n_embd,): one logit per token
+    if w is not None:
+        y = y * torch.sigmoid(x.float() @ w.float())[:, None]
+    return y
