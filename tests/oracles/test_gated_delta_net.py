@@ -1,4 +1,4 @@
-"""The gated delta net families (qwen35) past the short sequences of the shared family tests:
+"""The gated delta net families (qwen35, qwen3next) past the short sequences of the shared family tests:
 both forms of the recurrence against llama.cpp over several chunks, a prefill split inside a
 chunk and across the convolution window, and left-padded rows long enough to be chunked."""
 
@@ -18,12 +18,14 @@ from tests.oracles.test_model_exactness import IDS, QUANTS
 
 pytestmark = pytest.mark.oracle
 
+FAMILIES = ["qwen35", "qwen3next"]
 LONG = [1] + [int(i) for i in np.random.default_rng(11).integers(3, 512, 199)]
 
 
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("form", ["walk", "chunks"])
-def test_both_forms_match_llama_cpp_over_several_chunks(tiny_model, monkeypatch, form):
-    path = tiny_model("qwen35")
+def test_both_forms_match_llama_cpp_over_several_chunks(tiny_model, monkeypatch, form, name):
+    path = tiny_model(name)
     rule = delta_net.delta_rule if form == "walk" else delta_net.delta_rule_chunked
     monkeypatch.setattr(delta_net, "delta_rule", rule)
     monkeypatch.setattr(delta_net, "delta_rule_chunked", rule)
@@ -33,10 +35,11 @@ def test_both_forms_match_llama_cpp_over_several_chunks(tiny_model, monkeypatch,
     assert np.abs(ours - ref).max() < 2e-3
 
 
-def test_a_prefill_in_pieces_equals_one_pass(tiny_model):
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_prefill_in_pieces_equals_one_pass(tiny_model, name):
     """Pieces of 70, 2, 1 and 127 positions: a chunked piece, pieces shorter than the
     convolution window, a lone position; each continues from the state the last one kept."""
-    m = retrograd.load(tiny_model("qwen35"), device="cpu", dtype=torch.float32)
+    m = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
     dec, ids = m.decoder, torch.tensor([LONG])
     with torch.no_grad():
         whole = dec.head(dec(ids))[0]
@@ -48,8 +51,9 @@ def test_a_prefill_in_pieces_equals_one_pass(tiny_model):
     torch.testing.assert_close(torch.cat(parts), whole, atol=2e-4, rtol=0)
 
 
-def test_left_padded_rows_get_the_logits_they_get_alone(tiny_model):
-    m = retrograd.load(tiny_model("qwen35"), device="cpu", dtype=torch.float32)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_left_padded_rows_get_the_logits_they_get_alone(tiny_model, name):
+    m = retrograd.load(tiny_model(name), device="cpu", dtype=torch.float32)
     dec = m.decoder
     rows = [LONG[:150], LONG[:90], LONG[:3]]
     with torch.no_grad():
@@ -86,13 +90,25 @@ def test_the_mixer_under_grad_takes_the_chunks_with_the_walks_values_and_gradien
     torch.testing.assert_close(grad, grad_walk, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("ftype", QUANTS)
-def test_quantized_qwen35_matches_llama_cpp_on_its_f32_copy(tiny_model, ftype):
+def test_quantized_files_match_llama_cpp_on_their_f32_copy(tiny_model, ftype, name):
     from tests.factories.tiny_gguf import quantize
 
-    quantized = tiny_model("qwen35", ftype)
+    quantized = tiny_model(name, ftype)
     f32 = quantize(quantized, quantized.with_name(quantized.stem + "-as-f32.gguf"), "ALL_F32")
     ours = retrograd.load(quantized, device="cpu", dtype=torch.float32).logits(IDS).numpy()
     ref = llama_logits(f32, IDS)
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() == 1.0
+    assert np.abs(ours - ref).max() < 2e-3
+
+
+def test_qwen3next_legacy_fused_ssm_in_matches_llama_cpp(tmp_path):
+    """Older Qwen3-Next files hold q, k, v and z in one ssm_in grouped by key head."""
+    from tests.factories.tiny_gdn import write_qwen3next
+
+    path = write_qwen3next(tmp_path / "legacy.gguf", legacy=True)
+    ours = retrograd.load(path, device="cpu", dtype=torch.float32).logits(IDS).numpy()
+    ref = llama_logits(path, IDS)
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() == 1.0
     assert np.abs(ours - ref).max() < 2e-3
