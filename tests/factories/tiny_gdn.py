@@ -6,6 +6,7 @@ heads share key heads as in the real models; attention has a partial rope (32 of
 dimensions) and a sigmoid query gate. qwen35: interleaved M-RoPE sections, separate ssm_beta
 and ssm_alpha, a dense FFN. qwen3next: plain NEOX rope, beta and alpha in one ssm_ba grouped by
 key head, value heads grouped by key head, and experts with a sigmoid-gated shared expert.
+qwen35moe: qwen35 with qwen3next's experts.
 Registered in tiny_gguf.WRITERS on import.
 """
 
@@ -31,6 +32,10 @@ def write_qwen35(path: Path, seed: int = 0, chat_template: str | None = None) ->
     return _write(path, "qwen35", seed, chat_template)
 
 
+def write_qwen35moe(path: Path, seed: int = 0, chat_template: str | None = None) -> Path:
+    return _write(path, "qwen35moe", seed, chat_template)
+
+
 def write_qwen3next(
     path: Path, seed: int = 0, chat_template: str | None = None, legacy: bool = False
 ) -> Path:
@@ -41,7 +46,7 @@ def write_qwen3next(
 
 def _write(path: Path, arch: str, seed: int, chat_template: str | None, legacy=False) -> Path:
     rng = np.random.default_rng(seed)
-    moe = arch == "qwen3next"
+    moe, sections = arch != "qwen35", arch != "qwen3next"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(N_LAYER)
@@ -53,9 +58,9 @@ def _write(path: Path, arch: str, seed: int, chat_template: str | None, legacy=F
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_dimension_count(N_ROT)
-    if not moe:
+    if sections:
         w.add_rope_dimension_sections(SECTIONS)
-    else:
+    if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
         w.add_expert_feed_forward_length(N_FF_EXP)
@@ -92,7 +97,9 @@ def _write(path: Path, arch: str, seed: int, chat_template: str | None, legacy=F
             )
             w.add_tensor(p + "ssm_dt.bias", rand(rng, N_V_HEADS, scale=1.0))
             w.add_tensor(p + "ssm_a", -np.exp(rand(rng, N_V_HEADS, scale=0.5)))
-            if moe:  # per key head: its value heads' beta rows, then their alpha rows
+            if (
+                arch == "qwen3next"
+            ):  # per key head: its value heads' beta rows, then their alpha rows
                 w.add_tensor(p + "ssm_ba.weight", rand(rng, 2 * N_V_HEADS, N_EMBD))
             else:
                 w.add_tensor(p + "ssm_beta.weight", rand(rng, N_V_HEADS, N_EMBD))
@@ -140,3 +147,4 @@ def _qkvz_grouped(qkv: np.ndarray, gate: np.ndarray) -> np.ndarray:
 
 tiny_gguf.WRITERS["qwen35"] = write_qwen35
 tiny_gguf.WRITERS["qwen3next"] = write_qwen3next
+tiny_gguf.WRITERS["qwen35moe"] = write_qwen35moe

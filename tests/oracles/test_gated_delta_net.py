@@ -18,7 +18,7 @@ from tests.oracles.test_model_exactness import IDS, QUANTS
 
 pytestmark = pytest.mark.oracle
 
-FAMILIES = ["qwen35", "qwen3next"]
+FAMILIES = ["qwen35", "qwen35moe", "qwen3next"]
 LONG = [1] + [int(i) for i in np.random.default_rng(11).integers(3, 512, 199)]
 
 

@@ -127,6 +127,18 @@ ARCHS: dict[str, ArchFacts] = {
         # attention layers' q, k, v, o and the delta-net layers' attn_qkv and ssm_out
         lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
     ),
+    "qwen35moe": ArchFacts(
+        "qwen35moe",
+        ROPE_NEOX,
+        "silu",
+        qk_norm=True,
+        mixers=(("ssm_a", "delta_net"),),
+        attn_output_gate=True,
+        rope_sections=True,
+        ffn_norm_tensor="post_attention_norm",
+        expert_norm=True,
+        lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
+    ),
     "qwen3next": ArchFacts(
         "qwen3next",
         ROPE_NEOX,
