@@ -193,8 +193,9 @@ def experts_ffn(
 
 def ffn(block, h: torch.Tensor, ctx) -> torch.Tensor:
     """The layer's mixture of experts: h = ffn_norm(x) (B, T, n_embd) in the compute dtype ->
-    (B, T, n_embd) in the compute dtype. NOTE: the router runs in float32 whatever the
-    compute dtype, so the experts chosen do not depend on the fast path's rounding."""
+    (B, T, n_embd) in the compute dtype. NOTE: the router's product and gating run in
+    float32 whatever the compute dtype; only its input carries the fast path's rounding, so a
+    near tie between the k-th and next expert may still fall the other way in bf16."""
     cfg = block.cfg
     moe = cfg.moe
     B, T, C = h.shape
