@@ -18,10 +18,9 @@ from rich.table import Table
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.gguf import GGUFFile
-from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES, alias_suffixes
+from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES, alias_suffixes, auto_targets
 from retrograd.model.config import ModelConfig
 from retrograd.model.device import probe_device
-from retrograd.trainable.lora import auto_targets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ llama.cpp assumes when a metadata key is absent. No torch here.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 ROPE_NORM = "norm"  # rotate consecutive pairs (2i, 2i+1): llama after the converter's permutation
@@ -235,3 +236,27 @@ def alias_suffixes(alias: str) -> tuple[str, ...]:
     tensors (ffn_up -> ffn_up, ffn_up_exps) as well as the dense matrices."""
     suffix = TARGET_ALIASES[alias]
     return (suffix, suffix + "_exps") if suffix.startswith("ffn_") else (suffix,)
+
+
+def auto_targets(names: list[str], auto: tuple[str, ...]) -> tuple[str, ...]:
+    """The family's `auto` aliases in this file's layout: llama.cpp loads one fused attn_qkv in
+    place of attn_q, attn_k and attn_v (and the other way round), so q, k, v and qkv stand for
+    whichever the file has."""
+    fused, split = bool(match_targets(names, "qkv")), bool(match_targets(names, "q"))
+    out: list[str] = []
+    for t in auto:
+        if t in ("q", "k", "v") and fused and not split:
+            t = "qkv"
+        group = ("q", "k", "v") if t == "qkv" and split and not fused else (t,)
+        out += [a for a in group if a not in out]
+    return tuple(out)
+
+
+def match_targets(names: list[str], target: str) -> list[str]:
+    """The base names (blk.3.attn_q) an alias or a tensor pattern selects."""
+    if target in TARGET_ALIASES:
+        suffixes = alias_suffixes(target)
+        ends = tuple("." + s for s in suffixes)
+        return [n for n in names if n in suffixes or n.endswith(ends)]
+    pattern = target if target.endswith(".weight") or "*" in target else target + ".weight"
+    return [n for n in names if fnmatch.fnmatchcase(n + ".weight", pattern)]

@@ -12,7 +12,6 @@ This module does not know optimizers or export; it attaches and reads adapters.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import math
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from torch import nn
 
 from retrograd.errors import ConfigError, GGUFError
 from retrograd.gguf import GGUFFile
-from retrograd.model.arch import TARGET_ALIASES, alias_suffixes
+from retrograd.model.arch import TARGET_ALIASES, auto_targets, match_targets
 from retrograd.model.decoder import Decoder
 from retrograd.model.dequant import dequantize
 from retrograd.model.layers import Linear
@@ -111,7 +110,7 @@ def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...])
     for target in targets:
         expanded = auto_targets(names, auto) if target == "auto" else (target,)
         for t in expanded:
-            matched = _match(names, t)
+            matched = match_targets(names, t)
             if not matched:
                 raise ConfigError(
                     f"[lora].targets: {t!r} matches no tensor of this model "
@@ -119,29 +118,6 @@ def resolve_targets(names: list[str], targets: list[str], auto: tuple[str, ...])
                 )
             chosen.update(matched)
     return [n for n in names if n in chosen]
-
-
-def auto_targets(names: list[str], auto: tuple[str, ...]) -> tuple[str, ...]:
-    """The family's `auto` aliases in this file's layout: llama.cpp loads one fused attn_qkv in
-    place of attn_q, attn_k and attn_v (and the other way round), so q, k, v and qkv stand for
-    whichever the file has."""
-    fused, split = bool(_match(names, "qkv")), bool(_match(names, "q"))
-    out: list[str] = []
-    for t in auto:
-        if t in ("q", "k", "v") and fused and not split:
-            t = "qkv"
-        group = ("q", "k", "v") if t == "qkv" and split and not fused else (t,)
-        out += [a for a in group if a not in out]
-    return tuple(out)
-
-
-def _match(names: list[str], target: str) -> list[str]:
-    if target in TARGET_ALIASES:
-        suffixes = alias_suffixes(target)
-        ends = tuple("." + s for s in suffixes)
-        return [n for n in names if n in suffixes or n.endswith(ends)]
-    pattern = target if target.endswith(".weight") or "*" in target else target + ".weight"
-    return [n for n in names if fnmatch.fnmatchcase(n + ".weight", pattern)]
 
 
 def attach_lora(

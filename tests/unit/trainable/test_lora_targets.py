@@ -7,8 +7,8 @@ import torch
 
 import retrograd
 from retrograd.errors import ConfigError
-from retrograd.model.arch import ARCHS
-from retrograd.trainable.lora import attach_lora, auto_targets, linear_modules, resolve_targets
+from retrograd.model.arch import ARCHS, auto_targets
+from retrograd.trainable.lora import attach_lora, linear_modules, resolve_targets
 
 SPLIT = ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.attn_output", "blk.0.ffn_up"]
 FUSED = ["blk.0.attn_qkv", "blk.0.attn_output", "blk.0.ffn_up"]
