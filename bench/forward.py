@@ -75,6 +75,7 @@ FAMILIES = [
     ("tiny MoE, 32 experts, 8 used", "qwen3moe", 32, 8, 512),
     ("tiny hybrid (lfm2)", "lfm2", 0, 0, 0),
     ("tiny hybrid (falcon-h1)", "falcon-h1", 0, 0, 0),
+    ("tiny hybrid (qwen35, delta net)", "qwen35", 0, 0, 0),
 ]
 
 

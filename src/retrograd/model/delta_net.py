@@ -119,14 +119,17 @@ def delta_rule_chunked(
     eye = torch.eye(chunk, dtype=v.dtype, device=v.device)
     a = eye + beta[..., None] * strict * (k @ k.transpose(-1, -2))  # unit lower triangular
     m = decay * (q @ k.transpose(-1, -2))
-    kq_decay = c.exp()[..., None]  # (B, H, n, C, 1)
+    enter = c.exp()[..., None]  # (B, H, n, C, 1): the entering state's decay at each position
     last = c[..., -1:]  # (B, H, n, 1)
     k_out = k * (last - c).exp()[..., None]  # k_s exp(c_last - c_s)
+    # d = u - w S0: one batched solve for every chunk; the loop only carries the state
+    rhs = torch.cat((beta[..., None] * v, beta[..., None] * enter * k), -1)
+    u, w = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True).split([D, Dk], -1)
+    qe = enter * q
     out = []
     for i in range(n):
-        rhs = beta[:, :, i, :, None] * (v[:, :, i] - kq_decay[:, :, i] * (k[:, :, i] @ state))
-        d = torch.linalg.solve_triangular(a[:, :, i], rhs, upper=False, unitriangular=True)
-        out.append((kq_decay[:, :, i] * (q[:, :, i] @ state) + m[:, :, i] @ d) * scale)
+        d = u[:, :, i] - w[:, :, i] @ state
+        out.append((qe[:, :, i] @ state + m[:, :, i] @ d) * scale)
         state = last[:, :, i, :, None].exp() * state + k_out[:, :, i].transpose(-1, -2) @ d
     o = torch.stack(out, 2).reshape(B, H, n * chunk, D)[:, :, :T]
     return o.transpose(1, 2), state
