@@ -57,6 +57,8 @@ def assert_same_answer(a, b):
         ("lfm2", True, False),
         ("mamba2", False, True),
         ("falcon-h1", True, False),
+        ("qwen35", False, True),
+        ("qwen3next", True, False),
     ],
 )
 def test_an_answer_alone_equals_the_answer_joining_a_running_batch(models, name, fast, sampled):

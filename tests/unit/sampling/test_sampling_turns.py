@@ -71,7 +71,7 @@ def test_a_recurrent_family_prefills_whole_sequences_and_samples_the_same(models
     assert dec.reused == 0 and not dec.keep_kv
 
 
-@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+@pytest.mark.parametrize("name", ["gemma3", "lfm2", "qwen35"])
 def test_a_thread_continued_equals_its_whole_sequence_prefilled_alone(models, name):
     """Greedy: the third turn of a kept thread equals generating after its whole sequence
     in one ordinary batch."""
