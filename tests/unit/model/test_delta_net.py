@@ -128,3 +128,12 @@ def test_causal_conv_continues_and_skips_left_padding():
     torch.testing.assert_close(s_pad[1], s_alone[0])
     torch.testing.assert_close(y_pad[0], y_ref[0])
     torch.testing.assert_close(s_pad[0], s_ref[0])
+
+
+def test_causal_conv_gradients_pass_gradcheck_with_a_state_and_padding():
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    state = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    n_pad = torch.tensor([0, 2])
+    assert torch.autograd.gradcheck(lambda *a: causal_conv(*a, n_pad), (x, w, state))
