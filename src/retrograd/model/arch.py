@@ -9,7 +9,7 @@ llama.cpp assumes when a metadata key is absent. No torch here.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROPE_NORM = "norm"  # rotate consecutive pairs (2i, 2i+1): llama after the converter's permutation
 ROPE_NEOX = "neox"  # rotate half: pairs (i, i + n_rot/2)
@@ -128,30 +128,6 @@ ARCHS: dict[str, ArchFacts] = {
         # attention layers' q, k, v, o and the delta-net layers' attn_qkv and ssm_out
         lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
     ),
-    "qwen35moe": ArchFacts(
-        "qwen35moe",
-        ROPE_NEOX,
-        "silu",
-        qk_norm=True,
-        mixers=(("ssm_a", "delta_net"),),
-        attn_output_gate=True,
-        rope_sections=True,
-        ffn_norm_tensor="post_attention_norm",
-        expert_norm=True,
-        lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
-    ),
-    "qwen3next": ArchFacts(
-        "qwen3next",
-        ROPE_NEOX,
-        "silu",
-        qk_norm=True,
-        mixers=(("ssm_a", "delta_net"),),
-        attn_output_gate=True,
-        ffn_norm_tensor="post_attention_norm",
-        expert_norm=True,
-        delta_net_grouped_heads=True,
-        lora_targets_auto=("q", "k", "v", "qkv", "o", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"),
-    ),
     "lfm2": ArchFacts(
         "lfm2",
         ROPE_NEOX,
@@ -210,6 +186,13 @@ ARCHS: dict[str, ArchFacts] = {
         swa_rope_scaled=True,
     ),
 }
+
+# Qwen 3.5's MoE and Qwen3-Next: its delta-net layers with experts in every FFN (normalized
+# weights); Qwen3-Next's value heads read their key heads in groups, and its rope has no sections.
+ARCHS["qwen35moe"] = replace(ARCHS["qwen35"], name="qwen35moe", expert_norm=True)
+ARCHS["qwen3next"] = replace(
+    ARCHS["qwen35moe"], name="qwen3next", rope_sections=False, delta_net_grouped_heads=True
+)
 
 # Block tensors that are neither matmul weights nor norms, whatever their shape: kept as float32
 # tensors (`Block.part(name)`), never LoRA targets.
