@@ -5,13 +5,15 @@
         ...  # api.base_url ends in /v1; api.requests holds every request body, in order
 
 Each POST /v1/chat/completions takes the next item of the script: a chat message (`reply`),
-an HTTP error (`status`), or a function of the request body returning either. A request with
+an HTTP error (`status`), a function of the request body returning either, or one of these
+answered late (`delay`, to script a client's timeout). A request with
 the script used up gets a 500. The bearer token must be `key` (401 otherwise). It runs under
 uvicorn on a free loopback port in a thread, so clients (httpx, the openai SDK) speak real HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -34,6 +36,17 @@ class Status:
 
 def status(code: int, body: str = "scripted failure") -> Status:
     return Status(code, body)
+
+
+@dataclass(frozen=True)
+class Delay:
+    seconds: float
+    item: Any
+
+
+def delay(seconds: float, item: Any) -> Delay:
+    """`item`, answered after `seconds` (the server's other requests go on meanwhile)."""
+    return Delay(seconds, item)
 
 
 def reply(
@@ -62,7 +75,7 @@ def reply(
 
 
 _ids = itertools.count()
-Item = dict | Status | Callable[[dict], "dict | Status"]
+Item = dict | Status | Delay | Callable[[dict], "dict | Status"]
 
 
 @dataclass
@@ -84,6 +97,9 @@ class ScriptedOpenAI:
             with lock:
                 self.requests.append(body)
                 item = self.script.pop(0) if self.script else Status(500, "script used up")
+            if isinstance(item, Delay):
+                await asyncio.sleep(item.seconds)
+                item = item.item
             if callable(item):
                 item = item(body)
             if isinstance(item, Status):

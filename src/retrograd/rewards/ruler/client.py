@@ -1,0 +1,203 @@
+"""The judge's HTTP side: one OpenAI-compatible endpoint, spoken to with the official SDK.
+
+`complete_json` asks for one JSON object: the first attempt with a strict JSON-schema response
+format, retries with plain `json_object` (endpoints that refuse or botch strict schemas still
+answer), each retry after 0.1 * 2**attempt seconds. Timeouts, lost connections, 5xx, 408, 429,
+replies that hold no JSON and replies `validate` refuses are retried; any other 4xx (a bad key,
+an unknown model) is not, since asking again cannot help. When the tries run out it raises
+JudgeError. `complete_text` asks for prose at temperature 0 (compaction summaries).
+
+The client knows nothing about rubrics, strategies or what a verdict means: `validate` turns a
+reply object into the caller's value, or raises ValueError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import openai
+
+from retrograd.errors import JudgeError
+from retrograd.rewards.ruler.cache import JudgeCache, cache_key
+from retrograd.rewards.ruler.prompt import extract_json
+
+T = TypeVar("T")
+BACKOFF_SECS = 0.1
+
+
+@dataclass
+class ClientStats:
+    """Counters since the last `take`: HTTP requests sent, retries, their latency, cache hits."""
+
+    requests: int = 0
+    retries: int = 0
+    latency_ms_total: float = 0.0
+    cache_hits: int = 0
+
+
+class Refused(Exception):
+    """A reply that asking again cannot fix (a 4xx other than 408 and 429)."""
+
+
+class JudgeClient:
+    """One judge endpoint and model; at most `max_concurrency` requests in flight."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str,
+        temperature: float | None = None,
+        max_concurrency: int = 4,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        cache: JudgeCache | None = None,
+        where: str = "[grpo.judge]",
+    ) -> None:
+        self.base_url, self.model, self.api_key = base_url, model, api_key
+        self.temperature = temperature
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.cache = cache
+        self.where = where
+        self.stats = ClientStats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        # NOTE: the SDK's connection pool and the semaphore belong to one event loop; a sync
+        # caller runs one loop per group, so both are made again when the loop changes.
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._api = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                max_retries=0,  # our own retries: they switch the response format
+            )
+            self._gate = asyncio.Semaphore(self.max_concurrency)
+        return self._api, self._gate
+
+    async def complete_json(
+        self, prompt: str, schema_name: str, schema: dict, validate: Callable[[dict], T]
+    ) -> T:
+        """The validated verdict of one prompt, from the cache when it holds one."""
+        key = cache_key(self.model, prompt)
+        row = self.cache.get(key) if self.cache else None
+        if row is not None and "scores" in row:
+            try:
+                value = validate(row["scores"])
+            except ValueError:
+                pass  # a row this prompt's validation refuses: ask the judge again
+            else:
+                self.stats.cache_hits += 1
+                return value
+
+        strict = {
+            "type": "json_schema",
+            "json_schema": {"name": schema_name, "strict": True, "schema": schema},
+        }
+
+        def accept(text: str) -> tuple[dict, T]:
+            obj = extract_json(text)
+            return obj, validate(obj)
+
+        obj, value = await self._ask(
+            prompt, self.temperature, accept, strict, {"type": "json_object"}
+        )
+        if self.cache is not None:
+            self.cache.put(key, scores=obj)
+        return value
+
+    async def complete_text(self, prompt: str) -> str:
+        """A prose answer at temperature 0 (a compaction summary), from the cache when it can."""
+        key = cache_key(self.model, prompt)
+        row = self.cache.get(key) if self.cache else None
+        if row is not None and isinstance(row.get("text"), str):
+            self.stats.cache_hits += 1
+            return row["text"]
+
+        def accept(text: str) -> tuple[str, str]:
+            if not text.strip():
+                raise ValueError("an empty reply")
+            return text, text
+
+        text, _ = await self._ask(prompt, 0.0, accept, None, None)
+        if self.cache is not None:
+            self.cache.put(key, text=text)
+        return text
+
+    async def _ask(
+        self,
+        prompt: str,
+        temperature: float | None,
+        accept: Callable[[str], tuple[Any, Any]],
+        first_format: dict | None,
+        retry_format: dict | None,
+    ) -> tuple[Any, Any]:
+        api, gate = self._bind()
+        failures: list[str] = []
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.stats.retries += 1
+                await asyncio.sleep(BACKOFF_SECS * 2 ** (attempt - 1))
+            request: dict[str, Any] = {
+                "model": self.model,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+            response_format = first_format if attempt == 0 else retry_format
+            if response_format is not None:
+                request["response_format"] = response_format
+            if temperature is not None:
+                request["temperature"] = temperature
+            try:
+                text = await self._post(api, gate, request)
+                return accept(text)
+            except Refused as e:
+                failures.append(str(e))
+                break
+            except (openai.APIConnectionError, openai.APIStatusError, ValueError) as e:
+                failures.append(_describe(e))
+        raise JudgeError(
+            f"{self.where}: judge {self.model!r} at {self.base_url} gave no valid reply in "
+            f"{len(failures)} attempt(s): " + "; ".join(failures)
+        )
+
+    async def _post(
+        self, api: openai.AsyncOpenAI, gate: asyncio.Semaphore, request: dict[str, Any]
+    ) -> str:
+        async with gate:
+            start = time.perf_counter()
+            self.stats.requests += 1
+            try:
+                response = await api.chat.completions.create(**request)
+            except openai.APIStatusError as e:
+                if e.status_code < 500 and e.status_code not in (408, 429):
+                    raise Refused(_describe(e)) from e
+                raise
+            finally:
+                self.stats.latency_ms_total += (time.perf_counter() - start) * 1000
+        content = response.choices[0].message.content if response.choices else None
+        if not content:
+            raise ValueError("a reply without content")
+        return content
+
+    def take_stats(self) -> ClientStats:
+        """The counters so far, reset for the next update."""
+        stats, self.stats = self.stats, ClientStats()
+        return stats
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, openai.APITimeoutError):
+        return "timed out"
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code}: {error.message}"
+    if isinstance(error, openai.APIConnectionError):
+        return f"connection failed: {error}"
+    return f"bad reply: {error}"
