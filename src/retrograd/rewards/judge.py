@@ -4,13 +4,15 @@ It speaks the oneshot reward transport: one request line per member, stdin close
 `{"reward": x}` line per member back, exit 0. Replies are stricter than a reward program's:
 any key besides "reward" is refused. How a verdict enters the reward (judge_weight, members of
 weight 0 never sent, judge_failure) is the GRPO loop's business, not this module's.
+`open_judge` opens either type of judge; both score a group with `score_group`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from retrograd.errors import JudgeError
@@ -58,6 +60,18 @@ class CommandJudge:
         limit = f"timeout_secs = {self.timeout:g}"
         return oneshot(self.channel, requests, deadline, number, limit, _verdict)
 
+    def score_group(
+        self, candidates: Sequence[Any], group_id: int, rubric: str | None = None
+    ) -> list[float]:
+        """The RulerJudge interface: each candidate (ruler.prompt.Candidate) flattened with
+        judge_request. A command judge has no rubric or final state to show; its program
+        numbers groups itself, so `group_id` is unused."""
+        return self.score([judge_request(c.messages) for c in candidates])
+
+    def stats(self) -> dict[str, float]:
+        """No judge/ metrics beyond those the loops count."""
+        return {}
+
 
 def _verdict(obj: dict[str, Any]) -> float:
     unknown = sorted(set(obj) - {"reward"})
@@ -73,3 +87,14 @@ def command_judge(section: Any, where: str = "[grpo.judge]") -> CommandJudge:
     if getattr(section, "type", "command") != "command":
         raise ValueError(f"{where}: a {section.type} judge is not a command judge")
     return CommandJudge(section.command, section.timeout_secs, where)
+
+
+def open_judge(section: Any, where: str, base_dir: str | os.PathLike):
+    """The judge of a [grpo.judge] or [agent.judge] section: a RulerJudge for type = "ruler"
+    (its cache_path already resolved against the run file's folder, `base_dir`), else a
+    CommandJudge."""
+    if section.type == "ruler":
+        from retrograd.rewards.ruler.judge import RulerJudge
+
+        return RulerJudge(section, where, Path(base_dir))
+    return command_judge(section, where)

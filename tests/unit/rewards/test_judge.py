@@ -9,6 +9,7 @@ from reward_programs import assert_gone, pgids
 
 from retrograd.errors import JudgeError, RewardError
 from retrograd.rewards import CommandJudge, RewardRequest, command_judge, judge_request
+from retrograd.rewards.judge import open_judge
 
 GROUP = [RewardRequest("task", "a"), RewardRequest("task", "abcd")]
 
@@ -75,3 +76,27 @@ def test_judge_request_joins_the_trajectory():
     assert judge_request(messages) == RewardRequest(
         "Be brief.\nWeather in Oslo?\nThanks", "\nRain."
     )
+
+
+def test_open_judge_scores_candidates_like_requests(oneshot, tmp_path):
+    """A command judge behind the RulerJudge interface: each candidate flattened with
+    judge_request (tool results left out), one process for the group."""
+    section = SimpleNamespace(type="command", command=oneshot(), timeout_secs=5.0)
+    judge = open_judge(section, "[agent.judge]", tmp_path)
+    assert isinstance(judge, CommandJudge)
+    opening = [{"role": "user", "content": "task"}]
+    candidates = [
+        SimpleNamespace(messages=[*opening, {"role": "assistant", "content": "ab"}]),
+        SimpleNamespace(
+            messages=[
+                *opening,
+                {"role": "assistant", "content": "abc"},
+                {"role": "tool", "content": "a long tool result"},
+                {"role": "assistant", "content": "d"},
+            ],
+            final_state="not shown to a command",
+        ),
+    ]
+    # the default program replies len(completion): "ab" -> 2, "abc\nd" -> 5
+    assert judge.score_group(candidates, 7, "rubric unused") == [2.0, 5.0]
+    assert judge.groups == 1 and judge.stats() == {}
