@@ -1,8 +1,11 @@
-"""Flags every command shares (--model, --device) and how they are described."""
+"""Flags every command shares (--model, --device) and how they are described; the model
+placeholder of commands that read a run file but load no model."""
 
 from __future__ import annotations
 
 import argparse
+import tomllib
+from pathlib import Path
 
 DEVICE_HELP = "auto (a GPU if PyTorch sees one, else the CPU), cpu, or gpu (fail without one)"
 
@@ -18,3 +21,14 @@ def add_model_flag(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_device_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"), help=DEVICE_HELP)
+
+
+def placeholder_model(config: str) -> str | None:
+    """The run file needs a [model].path to validate; a command that never loads a model
+    (tools list, judge eval) validates a file without one with a placeholder."""
+    try:
+        data = tomllib.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_run reports it
+    model = data.get("model")
+    return None if isinstance(model, dict) and model.get("path") else "model.gguf"

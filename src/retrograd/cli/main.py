@@ -46,6 +46,10 @@ COMMANDS = {
     ),
     "scenarios": ("retrograd.cli.scenarios", "generate agentic scenarios with an LLM"),
     "tools": ("retrograd.cli.tools", "list the tools an agentic run offers"),
+    "judge": (
+        "retrograd.cli.judge",
+        "measure a run file's judge against labelled fixtures (rank correlations)",
+    ),
 }
 
 

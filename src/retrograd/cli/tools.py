@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from retrograd.cli.common import placeholder_model
     from retrograd.config import load_run
 
-    cfg = load_run(args.config, model=_placeholder_model(args.config))
+    cfg = load_run(args.config, model=placeholder_model(args.config))
     if cfg.run.algorithm != "agent_grpo":
         raise ConfigError(
             f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: tools list reads an "
@@ -158,14 +158,3 @@ def render(report: dict[str, Any]) -> str:
     elif mcp["servers"]:
         lines.append(f"mcp servers: {', '.join(mcp['servers'])} (not connected: {mcp['note']})")
     return "\n".join(lines)
-
-
-def _placeholder_model(config: str) -> str | None:
-    """The run file needs a [model].path to validate; this command never loads a model, so a
-    file without one is validated with a placeholder."""
-    try:
-        data = tomllib.loads(Path(config).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None  # load_run reports it
-    model = data.get("model")
-    return None if isinstance(model, dict) and model.get("path") else "model.gguf"

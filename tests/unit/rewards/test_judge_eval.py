@@ -1,0 +1,191 @@
+"""`retrograd judge eval` (formats.md §3.6): the fixture reader, the rank correlations against
+scipy's, the table and the exit statuses, with a real command judge (one process per group)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from retrograd.cli.main import main
+from retrograd.errors import DataError
+from retrograd.rewards.judge_eval import read_fixtures
+
+USER = {"role": "user", "content": "Name a fruit."}
+
+
+def answer(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+def fixture(sid: str, texts: list[str], labels: list[float], **extra) -> dict:
+    candidates = [{"messages": answer(t), "label": x} for t, x in zip(texts, labels, strict=True)]
+    return {"scenario_id": sid, "context": [USER], "candidates": candidates, **extra}
+
+
+def write_lines(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def test_reads_fixtures(tmp_path):
+    good = fixture("a", ["x", "yy"], [0, 1], rubric="Prefer long names.")
+    good["candidates"][1]["env_state"] = "basket: 2 fruits"
+    path = write_lines(tmp_path / "fixtures.jsonl", [good, "", fixture("b", ["x", "y"], [1, 1])])
+    a, b = read_fixtures(path)
+    assert (a.key, a.scenario_id, a.rubric) == ("fixtures.jsonl:1", "a", "Prefer long names.")
+    assert a.context == (USER,)
+    assert [c.label for c in a.candidates] == [0.0, 1.0]
+    assert [c.env_state for c in a.candidates] == [None, "basket: 2 fruits"]
+    assert b.key == "fixtures.jsonl:3" and b.rubric is None
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("[1, 2]", "a fixture line must be a JSON object"),
+        ('{"scenario_id": "b"', "invalid JSON"),
+        ({**fixture("b", ["x", "y"], [0, 1]), "notes": "hi"}, "unknown key 'notes'"),
+        ({**fixture("b", ["x", "y"], [0, 1]), "scenario_id": " "}, '"scenario_id" must be'),
+        (fixture("a", ["x", "y"], [0, 1]), 'scenario_id "a" was already used at fixtures.jsonl:1'),
+        (fixture("b", ["x"], [0]), "at least 2"),
+        (fixture("b", ["x", "y"], [0, True]), r'candidates\[1\]: "label" must be a finite number'),
+        (fixture("b", ["x", "y"], [0, "high"]), '"label" must be a finite number'),
+        ({**fixture("b", ["x", "y"], [0, 1]), "context": [{"role": "robot"}]}, r"context\[0\]"),
+        ({**fixture("b", ["x", "y"], [0, 1]), "rubric": 3}, '"rubric" must be'),
+    ],
+)
+def test_broken_lines_name_file_and_line(tmp_path, line, match):
+    path = write_lines(tmp_path / "fixtures.jsonl", [fixture("a", ["x", "y"], [0, 1]), line])
+    with pytest.raises(DataError, match=match) as caught:
+        read_fixtures(path)
+    assert str(caught.value).startswith("fixtures.jsonl:2")
+
+
+def test_broken_candidates(tmp_path):
+    bad = fixture("a", ["x", "y"], [0, 1])
+    bad["candidates"][0] = {"messages": [], "label": 1}
+    with pytest.raises(
+        DataError, match=r"fixtures.jsonl:1: candidates\[0\]: messages must be a non-empty list"
+    ):
+        read_fixtures(write_lines(tmp_path / "fixtures.jsonl", [bad]))
+    bad["candidates"][0] = {"messages": answer("x"), "label": 1, "score": 2}
+    with pytest.raises(DataError, match="unknown key 'score'"):
+        read_fixtures(write_lines(tmp_path / "fixtures.jsonl", [bad]))
+    with pytest.raises(DataError, match="no fixture in the file"):
+        read_fixtures(write_lines(tmp_path / "fixtures.jsonl", [""]))
+
+
+def run_file(tmp_path: Path, judge_argv: list[str], algorithm: str = "grpo") -> Path:
+    """A grpo run file whose [grpo.judge] is the command `judge_argv` (no model needed)."""
+    (tmp_path / "p.jsonl").write_text(json.dumps({"messages": [USER]}) + "\n")
+    text = f"""
+[run]
+algorithm = "{algorithm}"
+[output]
+path = "out.gguf"
+[lora]
+[grpo]
+prompts = "p.jsonl"
+reward_command = ["python3", "reward.py"]
+updates = 1
+prompts_per_update = 1
+group_size = 2
+grpo_epochs = 1
+clip_range_low = 0.2
+clip_range_high = 0.28
+kl_coefficient = 0.0
+judge_weight = 1.0
+[grpo.sampling]
+temperature = 1.0
+top_p = 1.0
+max_new_tokens = 8
+seed = 1
+[grpo.judge]
+type = "command"
+command = {json.dumps(judge_argv)}
+"""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+# The default oneshot program scores an answer by its length: the labels below order answers
+# (a) as the judge does, (b) partly against it, (c) not at all (all equal: undefined).
+TEXTS = {"a": ["a", "abc", "ab"], "b": ["aa", "aaaa", "a", "aaa"], "c": ["a", "ab"]}
+LABELS = {"a": [0.0, 1.0, 0.5], "b": [0.0, 1.0, 2.0, 3.0], "c": [1.0, 1.0]}
+
+
+def test_eval_against_scipy(tmp_path, oneshot, capsys):
+    config = run_file(tmp_path, oneshot())
+    fixtures = write_lines(
+        tmp_path / "fixtures.jsonl", [fixture(k, TEXTS[k], LABELS[k]) for k in TEXTS]
+    )
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {row["scenario_id"]: row for row in report["fixtures"]}
+    for k in ("a", "b"):
+        lengths = [float(len(t)) for t in TEXTS[k]]
+        assert rows[k]["scores"] == lengths == rows[k]["repeat"]
+        tau = stats.kendalltau(lengths, LABELS[k]).statistic
+        rho = stats.spearmanr(lengths, LABELS[k]).statistic
+        assert rows[k]["tau_labels"] == pytest.approx(tau)
+        assert rows[k]["rho_labels"] == pytest.approx(rho)
+        assert rows[k]["tau_repeat"] == pytest.approx(1.0)
+    assert rows["a"]["tau_labels"] == pytest.approx(1.0)
+    assert rows["b"]["tau_labels"] == pytest.approx(0.0)  # 3 of 6 pairs agree
+    assert rows["c"]["tau_labels"] is None and rows["c"]["tau_repeat"] == pytest.approx(1.0)
+    s = report["summary"]
+    assert s["tau_labels"] == pytest.approx((1.0 + 0.0) / 2) and s["tau_labels_count"] == 2
+    assert s["tau_repeat_count"] == 3 and s["failed"] == 0
+
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == [
+        "scenario",
+        "n",
+        "tau/labels",
+        "rho/labels",
+        "tau/repeat",
+        "rho/repeat",
+    ]
+    assert table[2].split()[:3] == ["a", "3", "+1.000"]
+    assert table[4].split()[:4] == ["c", "2", "-", "-"]
+    assert table[6].split()[:3] == ["mean", "9", "+0.500"]
+    # a gate for scripts: the mean tau against the labels (0.5) is below 0.9
+    argv = ["judge", "eval", str(config), "--fixtures", str(fixtures), "--min-tau", "0.9"]
+    assert main(argv) == 3
+    assert main([*argv[:-1], "0.4"]) == 0
+
+
+def test_a_failing_judge_is_reported_and_exits_2(tmp_path, oneshot, capsys):
+    argv = oneshot("def reply(req):\n    return {'verdict': 1}\n")
+    config = run_file(tmp_path, argv)
+    fixtures = write_lines(tmp_path / "fixtures.jsonl", [fixture("a", TEXTS["a"], LABELS["a"])])
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures)]) == 2
+    out = capsys.readouterr().out
+    assert "fixtures.jsonl:1 (a): judge failed: [grpo.judge].command" in out
+    assert 'unknown key "verdict"' in out
+
+
+def test_refusals(tmp_path, oneshot, capsys):
+    fixtures = write_lines(tmp_path / "fixtures.jsonl", [fixture("a", TEXTS["a"], LABELS["a"])])
+    config = run_file(tmp_path, oneshot())
+    text = config.read_text()
+    config.write_text(text[: text.index("[grpo.judge]")].replace("judge_weight = 1.0\n", ""))
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures)]) == 1
+    assert "no [grpo.judge] to evaluate" in capsys.readouterr().err
+    config.write_text(text)
+    missing = str(tmp_path / "nothing.jsonl")
+    assert main(["judge", "eval", str(config), "--fixtures", missing]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_help_explains_the_fixtures_and_exit_statuses(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["judge", "eval", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Kendall's tau" in out and '"candidates"' in out and "Exit status" in out
