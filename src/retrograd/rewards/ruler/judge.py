@@ -1,0 +1,294 @@
+"""The RULER judge (formats.md §3.2-3.4): one group of candidates in, one score in [0, 1] each.
+
+Per group, in order:
+  1. compaction: when the longest member passes trigger_chars, the middle turns of every member
+     over target_chars are summarised by the judge model (temperature 0, cached), so the whole
+     group is judged on one footing; the opening turn and the last keep_last turns stay;
+  2. budgets: the shared opening is sent once, each member's rest is fitted to the message and
+     trajectory budgets (head/tail elision), the final state shown if include_env_state;
+  3. the strategy: listwise (one request), chunked (requests of a few members, with an anchor
+     member in each to put them on one scale), auto (listwise, chunked when the request is over
+     max_request_chars) or pairwise (a pair schedule, optionally both orders, aggregated by win
+     rate or Bradley-Terry).
+Requests of a group run concurrently, bounded by max_concurrency. The judge knows nothing about
+rewards: judge_weight, judge_failure and dropped groups are the training loop's business. It
+raises JudgeError when a request runs out of tries or cannot fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+from pathlib import Path
+
+from retrograd.config.judge import JudgeCompaction
+from retrograd.config.judge import RulerJudge as RulerSection
+from retrograd.errors import JudgeError
+from retrograd.rewards.ruler import strategy
+from retrograd.rewards.ruler.cache import JudgeCache
+from retrograd.rewards.ruler.client import JudgeClient
+from retrograd.rewards.ruler.prompt import (
+    LISTWISE_RUBRIC,
+    LISTWISE_SCHEMA,
+    PAIRWISE_RUBRIC,
+    PAIRWISE_SCHEMA,
+    Candidate,
+    fit,
+    listwise_prompt,
+    pairwise_prompt,
+    parse_listwise,
+    parse_pairwise,
+    permutation,
+    split_shared,
+)
+
+COMPACTION_PROMPT = (
+    "Summarise the following part of an agent's transcript in at most {budget} characters. "
+    "Keep what the agent did, which tools it called with what results, errors, and what it "
+    "concluded; leave out pleasantries. Answer with the summary only.\n\n"
+    "<transcript>\n{transcript}\n</transcript>"
+)
+MIN_SUMMARY_CHARS = 200  # a summary budget below this says nothing useful
+
+
+def chars(messages: list[dict]) -> int:
+    """The length of a transcript as the budgets count it: its string contents."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
+class RulerJudge:
+    """A `type = "ruler"` judge: `score_group` scores one group, `stats` reports the judge/
+    metrics since the last call."""
+
+    def __init__(self, section: RulerSection, where: str, base_dir: str | os.PathLike) -> None:
+        self.section, self.where = section, where
+        cache = None
+        if section.cache_path is not None:
+            path = Path(section.cache_path)
+            cache = JudgeCache(path if path.is_absolute() else Path(base_dir) / path)
+        # NOTE: an endpoint without keys (a local `retrograd serve`) still needs a string here.
+        api_key = os.environ.get(section.api_key_env) or "unset"
+        self.client = JudgeClient(
+            section.base_url,
+            section.model,
+            api_key,
+            temperature=section.temperature,
+            max_concurrency=section.max_concurrency,
+            timeout=section.timeout_secs,
+            max_retries=section.max_retries,
+            cache=cache,
+            where=where,
+        )
+        self._reset()
+
+    def _reset(self) -> None:
+        self.scores: list[float] = []
+        self.groups = self.degenerate = 0
+        self.members = self.elided = self.compacted = 0
+        self.pairs_both = self.disagreements = 0
+        self.prompt_chars_max = 0
+        self.asks = 0  # complete_* calls, answered by the cache or the endpoint
+
+    def score_group(
+        self, candidates: list[Candidate], group_id: int, rubric: str | None = None
+    ) -> list[float]:
+        """One score in [0, 1] per candidate, in their order. Raises JudgeError."""
+        return asyncio.run(self.ascore_group(candidates, group_id, rubric))
+
+    async def ascore_group(
+        self, candidates: list[Candidate], group_id: int, rubric: str | None = None
+    ) -> list[float]:
+        """`score_group` for callers already inside an event loop."""
+        if not candidates:
+            return []
+        # 1. compaction, decided once for the group
+        candidates = await self._compact(list(candidates))
+        # 2. budgets
+        shared, rests = split_shared(candidates)
+        ctx = self.section.context
+        members = []
+        for candidate, rest in zip(candidates, rests, strict=True):
+            messages, elided = fit(rest, ctx)
+            self.elided += elided
+            state = candidate.final_state if ctx.include_env_state else None
+            members.append((messages, state))
+        # 3. the strategy
+        mode = self.section.strategy.mode
+        if mode == "pairwise":
+            scores = await self._pairwise(shared, members, group_id, rubric)
+        else:
+            scores = await self._listwise_or_chunked(shared, members, group_id, rubric, mode)
+        self.groups += 1
+        self.members += len(candidates)
+        self.degenerate += len(candidates) > 1 and len(set(scores)) == 1
+        self.scores.extend(scores)
+        return scores
+
+    # --- listwise and chunked ------------------------------------------------------------
+
+    def _listwise_request(self, shared, members, ids, group_id, index, rubric) -> str:
+        order = permutation(group_id, index, len(ids))
+        items = [(ids[k], *members[ids[k]]) for k in order]
+        return listwise_prompt(rubric or self.section.rubric or LISTWISE_RUBRIC, shared, items)
+
+    async def _ask_listwise(self, prompt: str, ids: list[int]) -> dict[int, float]:
+        self.prompt_chars_max = max(self.prompt_chars_max, len(prompt))
+        self.asks += 1
+        return await self.client.complete_json(
+            prompt, "ruler_scores", LISTWISE_SCHEMA, lambda obj: parse_listwise(obj, ids)
+        )
+
+    async def _listwise_or_chunked(self, shared, members, group_id, rubric, mode) -> list[float]:
+        n, limit = len(members), self.section.context.max_request_chars
+        if mode != "chunked":
+            prompt = self._listwise_request(shared, members, list(range(n)), group_id, 0, rubric)
+            if len(prompt) <= limit:
+                scores = await self._ask_listwise(prompt, list(range(n)))
+                return [scores[i] for i in range(n)]
+            if mode == "listwise":
+                raise JudgeError(
+                    f'{self.where}.strategy.mode = "listwise": group {group_id}\'s request is '
+                    f"{len(prompt)} characters, over max_request_chars = {limit}"
+                )
+        anchor = self.section.strategy.anchor
+        # The largest chunks whose every request fits; chunked mode splits at least once.
+        for per_chunk in range(n - 1 if n > 2 else 2, 1, -1):
+            chunks = strategy.chunk_plan(n, per_chunk, anchor)
+            prompts = [
+                self._listwise_request(shared, members, chunk, group_id, k, rubric)
+                for k, chunk in enumerate(chunks)
+            ]
+            if all(len(p) <= limit for p in prompts):
+                break
+        else:
+            raise JudgeError(
+                f"{self.where}: group {group_id} does not fit max_request_chars = {limit} even "
+                "two members at a time; lower max_trajectory_chars"
+            )
+        replies = await asyncio.gather(
+            *(self._ask_listwise(p, c) for p, c in zip(prompts, chunks, strict=True))
+        )
+        return strategy.merge_anchored(chunks, list(replies))  # shifts only anchored chunks
+
+    # --- pairwise ------------------------------------------------------------------------
+
+    async def _pairwise(self, shared, members, group_id, rubric) -> list[float]:
+        plan = self.section.strategy
+        n = len(members)
+        if n == 1:
+            return [0.5]  # nothing to compare with
+        pairs = strategy.pair_schedule(n, plan.max_pairs)
+        text = rubric or self.section.pairwise_rubric or PAIRWISE_RUBRIC
+
+        async def ask(a: int, b: int) -> str:
+            prompt = pairwise_prompt(text, shared, members[a], members[b])
+            self.prompt_chars_max = max(self.prompt_chars_max, len(prompt))
+            self.asks += 1
+            return await self.client.complete_json(
+                prompt, "ruler_pairwise", PAIRWISE_SCHEMA, parse_pairwise
+            )
+
+        forward = [ask(i, j) for i, j in pairs]
+        backward = [ask(j, i) for i, j in pairs] if plan.both_orders else []
+        verdicts = await asyncio.gather(*forward, *backward)
+        outcomes = []
+        for k, (i, j) in enumerate(pairs):
+            winner = verdicts[k]
+            if plan.both_orders:
+                swapped = {"a": "b", "b": "a", "tie": "tie"}[verdicts[len(pairs) + k]]
+                self.pairs_both += 1
+                if swapped != winner:
+                    self.disagreements += 1
+                    winner = "tie"  # position decided it, not the answers
+            outcomes.append((i, j, winner))
+        if plan.aggregation == "bradley_terry":
+            return strategy.bradley_terry(n, outcomes)
+        return strategy.win_rates(n, outcomes)
+
+    # --- compaction ----------------------------------------------------------------------
+
+    async def _compact(self, candidates: list[Candidate]) -> list[Candidate]:
+        rule = self.section.compaction
+        if rule is None or max(chars(c.messages) for c in candidates) <= rule.trigger_chars:
+            return candidates
+
+        async def one(c: Candidate) -> Candidate:
+            if chars(c.messages) <= rule.target_chars:
+                return c
+            messages = await self._summarise(c.messages, rule)
+            if messages is c.messages:
+                return c
+            self.compacted += 1
+            return Candidate(messages, c.final_state)
+
+        return list(await asyncio.gather(*(one(c) for c in candidates)))
+
+    async def _summarise(self, messages: list[dict], rule: JudgeCompaction) -> list[dict]:
+        """`messages` with the turns between the opening and the last keep_last turns replaced
+        by one summary message; unchanged when there is no such middle."""
+        turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+        if len(turns) <= rule.keep_last:
+            return messages
+        head, middle, tail = split_turns(messages, turns, rule.keep_last)
+        if not middle:
+            return messages
+        budget = max(rule.target_chars - chars(head) - chars(tail), MIN_SUMMARY_CHARS)
+        prompt = COMPACTION_PROMPT.format(budget=budget, transcript=_transcript(middle))
+        self.asks += 1
+        summary = await self.client.complete_text(prompt)
+        note = {
+            "role": "system",
+            "content": f"[summary of {len(middle)} messages left out]\n{summary.strip()}",
+        }
+        return [*head, note, *tail]
+
+    # --- metrics -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """The judge/ metrics (formats.md §7.2) since the last call; the counters restart."""
+        client = self.client.take_stats()
+        out: dict[str, float] = {
+            "judge/groups": self.groups,
+            "judge/requests": client.requests,
+            "judge/retries": client.retries,
+            "judge/cache_hit_rate": client.cache_hits / self.asks if self.asks else 0.0,
+            "judge/prompt_chars_max": self.prompt_chars_max,
+        }
+        if client.requests:
+            out["judge/latency_ms_mean"] = client.latency_ms_total / client.requests
+        if self.groups:
+            out["judge/requests_per_group"] = client.requests / self.groups
+            out["judge/degenerate_group_fraction"] = self.degenerate / self.groups
+        if self.members:
+            out["judge/elided_fraction"] = self.elided / self.members
+            out["judge/compacted_fraction"] = self.compacted / self.members
+        if self.scores:
+            out["judge/score_mean"] = statistics.fmean(self.scores)
+            out["judge/score_std"] = statistics.pstdev(self.scores)
+        if self.pairs_both:
+            out["judge/position_disagreement"] = self.disagreements / self.pairs_both
+        self._reset()
+        return out
+
+
+def split_turns(
+    messages: list[dict], turns: list[int], keep_last: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """(opening, middle, last keep_last turns) of a transcript; a turn starts at an assistant
+    message (`turns` holds their indices) and runs to the next one."""
+    start = turns[0]  # the opening: everything before the first assistant message
+    if start == 0:  # no opening prompt: the first turn stands in for it
+        start = turns[1] if len(turns) > 1 else len(messages)
+    end = turns[-keep_last]
+    return messages[:start], messages[start:end], messages[end:]
+
+
+def _transcript(messages: list[dict]) -> str:
+    lines = []
+    for m in messages:
+        content = m.get("content") if isinstance(m.get("content"), str) else ""
+        calls = m.get("tool_calls") or []
+        named = ", ".join(c.get("function", {}).get("name", "?") for c in calls)
+        lines.append(f"{m.get('role', '?')}: {content}" + (f" [calls: {named}]" if named else ""))
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""The RULER judge end to end against the scripted OpenAI-compatible server: each strategy's
+scores from scripted verdicts (worked out by hand below), compaction, the cache and metrics.
+
+The scripted judge reads the prompt the way a model would: each trajectory's last message says
+"q=<quality>", and the verdict is built from those, whatever order they were presented in.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retrograd.config.judge import RulerJudge as RulerSection
+from retrograd.errors import JudgeError
+from retrograd.rewards.ruler.judge import RulerJudge
+from retrograd.rewards.ruler.prompt import Candidate, permutation
+from tests.factories.scripted_openai import reply, scripted_openai, status
+
+OPENING = [
+    {"role": "system", "content": "You sort numbers."},
+    {"role": "user", "content": "Sort 3 1 2, please."},
+]
+
+
+def group(*qualities: float) -> list[Candidate]:
+    return [Candidate([*OPENING, {"role": "assistant", "content": f"q={q}"}]) for q in qualities]
+
+
+def quality(messages: list[dict]) -> float:
+    return float(messages[-1]["content"].split("q=")[1])
+
+
+def shown(body: dict):
+    """The trajectories JSON of a judge request."""
+    text = body["messages"][0]["content"]
+    return json.loads(text.split("<trajectories>\n", 1)[1].split("\n</trajectories>", 1)[0])
+
+
+def listwise(shift=lambda items: 0.0):
+    """A listwise verdict: each trajectory's quality, moved by `shift(items)` (scale drift)."""
+
+    def verdict(body: dict) -> dict:
+        items = shown(body)
+        delta = shift(items)
+        scores = [
+            {
+                "trajectory_id": t["trajectory_id"],
+                "explanation": "",
+                "score": quality(t["messages"]) + delta,
+            }
+            for t in items
+        ]
+        return reply(json.dumps({"scores": scores}))
+
+    return verdict
+
+
+def judge(api, monkeypatch, tmp_path, **section) -> RulerJudge:
+    monkeypatch.setenv("RULER_TEST_KEY", "test-key")
+    raw = {
+        "type": "ruler",
+        "base_url": api.base_url,
+        "model": "judge",
+        "api_key_env": "RULER_TEST_KEY",
+        "max_retries": 1,
+        **section,
+    }
+    return RulerJudge(RulerSection.model_validate(raw), "[grpo.judge]", tmp_path)
+
+
+def test_listwise_maps_presentation_order_back(monkeypatch, tmp_path):
+    with scripted_openai([listwise()]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "listwise"})
+        assert ruler.score_group(group(0.1, 0.9, 0.4, 0.7), group_id=5) == [0.1, 0.9, 0.4, 0.7]
+    (body,) = api.requests
+    assert body["response_format"]["json_schema"]["name"] == "ruler_scores"
+    ids = [t["trajectory_id"] for t in shown(body)]
+    assert ids == permutation(5, 0, 4) and ids != [0, 1, 2, 3]
+    prompt = body["messages"][0]["content"]
+    assert prompt.count("Sort 3 1 2") == 1  # the shared opening is sent once, as context
+    assert prompt.startswith("Rank each trajectory relative to the others.")
+
+
+def test_a_reply_with_wrong_ids_is_retried(monkeypatch, tmp_path):
+    wrong = reply('{"scores": [{"trajectory_id": 7, "explanation": "", "score": 1}]}')
+    with scripted_openai([wrong, listwise()]) as api:
+        ruler = judge(api, monkeypatch, tmp_path)
+        assert ruler.score_group(group(0.2, 0.6), group_id=0, rubric="Sorted?") == [0.2, 0.6]
+    assert [b["response_format"]["type"] for b in api.requests] == ["json_schema", "json_object"]
+    assert api.requests[1]["messages"][0]["content"].startswith("Sorted?")
+    stats = ruler.stats()
+    assert stats["judge/requests"] == 2 and stats["judge/retries"] == 1
+    assert stats["judge/score_mean"] == pytest.approx(0.4)
+    assert stats["judge/score_std"] == pytest.approx(0.2)
+    assert stats["judge/groups"] == 1 and ruler.stats()["judge/groups"] == 0
+
+
+def test_listwise_refuses_a_request_over_budget(monkeypatch, tmp_path):
+    with scripted_openai([]) as api:
+        ruler = judge(
+            api,
+            monkeypatch,
+            tmp_path,
+            strategy={"mode": "listwise"},
+            context={
+                "max_request_chars": 300,
+                "max_trajectory_chars": 300,
+                "max_message_chars": 300,
+            },
+        )
+        with pytest.raises(JudgeError, match="over max_request_chars = 300"):
+            ruler.score_group(group(0.1, 0.2), group_id=0)
+    assert api.requests == []
+
+
+# Chunks of five members at four per chunk: [0, 1, 2] and [0, 3, 4] with the anchor 0. The
+# scripted judge drifts +0.1 in the chunk holding member 1 (q=0.2) and -0.1 in the other.
+QUALITIES = (0.5, 0.2, 0.8, 0.4, 0.6)
+
+
+def drift(items) -> float:
+    return 0.1 if any(quality(t["messages"]) == 0.2 for t in items) else -0.1
+
+
+def test_chunked_with_an_anchor_puts_chunks_on_one_scale(monkeypatch, tmp_path):
+    with scripted_openai([listwise(drift), listwise(drift)]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "chunked"})
+        scores = ruler.score_group(group(*QUALITIES), group_id=1)
+    # anchor level (0.6 + 0.4) / 2 = 0.5: the first chunk moves by -0.1, the second by +0.1
+    assert scores == pytest.approx(QUALITIES)
+    chunks = sorted(sorted(t["trajectory_id"] for t in shown(b)) for b in api.requests)
+    assert chunks == [[0, 1, 2], [0, 3, 4]]
+
+
+def test_chunked_without_an_anchor_keeps_the_drift(monkeypatch, tmp_path):
+    with scripted_openai([listwise(drift), listwise(drift)]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "chunked", "anchor": False})
+        scores = ruler.score_group(group(*QUALITIES), group_id=1)
+    # chunks [0, 1, 2] (+0.1) and [3, 4] (-0.1)
+    assert scores == pytest.approx([0.6, 0.3, 0.9, 0.3, 0.5])
+
+
+def test_auto_splits_only_when_the_request_is_too_long(monkeypatch, tmp_path):
+    with scripted_openai([listwise()]) as api:
+        whole = judge(api, monkeypatch, tmp_path)
+        assert whole.score_group(group(*QUALITIES), group_id=1) == pytest.approx(QUALITIES)
+        limit = len(api.requests[0]["messages"][0]["content"]) - 1
+    with scripted_openai([listwise(drift), listwise(drift)]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, context={"max_request_chars": limit})
+        assert ruler.score_group(group(*QUALITIES), group_id=1) == pytest.approx(QUALITIES)
+    assert len(api.requests) == 2
+    assert all(len(b["messages"][0]["content"]) <= limit for b in api.requests)
+
+
+def biased(body: dict) -> dict:
+    """A pairwise verdict for the better quality, except that 0.9 against 0.1 always says "a"
+    (a position bias)."""
+    pair = shown(body)
+    qa, qb = quality(pair["a"]["messages"]), quality(pair["b"]["messages"])
+    winner = "a" if {qa, qb} == {0.9, 0.1} else ("a" if qa > qb else "b" if qb > qa else "tie")
+    return reply(f"```json\n{json.dumps({'winner': winner, 'explanation': ''})}\n```")
+
+
+def test_pairwise_both_orders_turns_a_disagreement_into_a_tie(monkeypatch, tmp_path):
+    with scripted_openai([biased] * 6) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "pairwise"})
+        scores = ruler.score_group(group(0.9, 0.5, 0.1), group_id=2)
+    # ring pairs (0,1), (1,2), (2,0), each both ways: 0 beats 1, 1 beats 2, 0 and 2 disagree ->
+    # tie. Win rates: 0: (1 + 0.5) / 2, 1: (0 + 1) / 2, 2: (0 + 0.5) / 2.
+    assert scores == [0.75, 0.5, 0.25]
+    assert len(api.requests) == 6
+    assert api.requests[0]["response_format"]["json_schema"]["name"] == "ruler_pairwise"
+    assert api.requests[0]["messages"][0]["content"].startswith("Two trajectories attempted")
+    assert ruler.stats()["judge/position_disagreement"] == pytest.approx(1 / 3)
+
+
+def test_pairwise_one_order_keeps_the_bias(monkeypatch, tmp_path):
+    with scripted_openai([biased] * 3) as api:
+        ruler = judge(
+            api, monkeypatch, tmp_path, strategy={"mode": "pairwise", "both_orders": False}
+        )
+        # (0,1) "a", (1,2) "a", (2,0) "a": every member wins once and loses once
+        assert ruler.score_group(group(0.9, 0.5, 0.1), group_id=2) == [0.5, 0.5, 0.5]
+    assert ruler.stats()["judge/degenerate_group_fraction"] == 1.0
+
+
+def test_pairwise_bradley_terry_keeps_the_order(monkeypatch, tmp_path):
+    strategy = {"mode": "pairwise", "aggregation": "bradley_terry"}
+    with scripted_openai([biased] * 6) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy=strategy)
+        scores = ruler.score_group(group(0.9, 0.5, 0.1), group_id=2)
+    assert scores[0] > scores[1] > scores[2]
+    assert sum(scores) == pytest.approx(1.5)  # expected win rates of a group sum to n / 2
+
+
+def test_a_failing_endpoint_raises_judge_error(monkeypatch, tmp_path):
+    with scripted_openai([status(500), status(502)]) as api:
+        ruler = judge(api, monkeypatch, tmp_path)
+        with pytest.raises(JudgeError, match=r"\[grpo.judge\].*2 attempt\(s\): HTTP 500"):
+            ruler.score_group(group(0.1, 0.2), group_id=0)
+
+
+def transcript(turns: int, width: int, q: float) -> Candidate:
+    messages = list(OPENING)
+    for k in range(turns):
+        messages.append({"role": "assistant", "content": f"step {k} " + "x" * width})
+        messages.append({"role": "tool", "content": f"result {k}"})
+    messages.append({"role": "assistant", "content": f"q={q}"})
+    return Candidate(messages)
+
+
+def compacting(body: dict) -> dict:
+    """Summaries for compaction requests (no response format), verdicts for the rest."""
+    if "response_format" not in body:
+        return reply("SUMMARY of " + body["messages"][0]["content"].split("step ")[1][:1])
+    return listwise()(body)
+
+
+COMPACTION = {"trigger_chars": 3000, "target_chars": 1000, "keep_last": 1}
+
+
+def test_compaction_summarises_each_long_member_once_and_is_cached(monkeypatch, tmp_path):
+    long, middle, short = transcript(8, 500, 0.3), transcript(4, 400, 0.8), transcript(1, 10, 0.5)
+    cache = tmp_path / "judge.jsonl"
+    with scripted_openai([compacting] * 3) as api:
+        ruler = judge(api, monkeypatch, tmp_path, compaction=COMPACTION, cache_path=str(cache))
+        assert ruler.score_group([long, middle, short], group_id=3) == [0.3, 0.8, 0.5]
+        summaries = [b for b in api.requests if "response_format" not in b]
+        # the longest (over trigger) decides; both members over target are compacted
+        assert len(summaries) == 2 and all(b["temperature"] == 0.0 for b in summaries)
+        (verdict,) = [b for b in api.requests if "response_format" in b]
+        items = {t["trajectory_id"]: t["messages"] for t in shown(verdict)}
+        assert items[0][0]["content"].startswith("[summary of 16 messages left out]")
+        assert items[0][-1]["content"] == "q=0.3"  # keep_last = 1: the last turn stays
+        assert "step 3" not in json.dumps(items[0]) and items[2] == short.messages[2:]
+        assert ruler.stats()["judge/compacted_fraction"] == pytest.approx(2 / 3)
+        again = judge(api, monkeypatch, tmp_path, compaction=COMPACTION, cache_path=str(cache))
+        assert again.score_group([long, middle, short], group_id=3) == [0.3, 0.8, 0.5]
+        assert len(api.requests) == 3  # summaries and verdict all from the cache
+        assert again.stats()["judge/cache_hit_rate"] == 1.0
+
+
+def test_no_compaction_when_no_member_passes_the_trigger(monkeypatch, tmp_path):
+    with scripted_openai([compacting]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, compaction=COMPACTION)
+        group_ = [transcript(4, 400, 0.8), transcript(1, 10, 0.5)]
+        assert ruler.score_group(group_, group_id=3) == [0.8, 0.5]
+    assert len(api.requests) == 1
