@@ -261,6 +261,8 @@ def _score_item(item: Any, k: int) -> tuple[int, float]:
         raise JudgeReplyError(f"{where}: not an object")
     _unknown(item, {"trajectory_id", "explanation", "score"}, where)
     tid, score = item.get("trajectory_id"), item.get("score")
+    if isinstance(tid, float) and tid.is_integer():
+        tid = int(tid)  # JSON Schema's "integer" admits 2.0
     if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
         raise JudgeReplyError(f"{where}: trajectory_id must be an integer of at least 0")
     if "explanation" in item and not isinstance(item["explanation"], str):
