@@ -10,7 +10,7 @@ from pathlib import Path
 
 from retrograd.agent.scenarios import ScenarioFile
 from retrograd.errors import DataError
-from retrograd.rewards.judge import command_judge
+from retrograd.rewards.judge import open_judge
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,9 @@ class World:
                 from retrograd.agent.mcp import McpHub
 
                 self.mcp = McpHub.open(a, run_dir)
-            self.judge = command_judge(a.judge, "[agent.judge]") if a.judge is not None else None
+            self.judge = (
+                open_judge(a.judge, "[agent.judge]", run_dir) if a.judge is not None else None
+            )
         except BaseException:
             self.close()
             raise

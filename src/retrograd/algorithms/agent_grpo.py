@@ -41,7 +41,7 @@ from retrograd.algorithms.evaluate import Patience, report_rewards
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import permutation
-from retrograd.errors import ConfigError, TrainingError
+from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
@@ -129,12 +129,6 @@ def total_steps(cfg) -> int:
 
 def check_available(cfg) -> None:
     """What this version cannot honour, refused before anything loads."""
-    a = cfg.agent
-    if a.judge is not None and a.judge.type != "command":
-        raise ConfigError(
-            f'[agent.judge].type = "{a.judge.type}": not available in this version (the LLM '
-            'judge comes later; use type = "command", or an environment that verifies)'
-        )
     context.check_rollout_keys(cfg.training, "agent_grpo")
 
 

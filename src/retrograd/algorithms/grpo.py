@@ -38,13 +38,14 @@ from retrograd.algorithms.evaluate import Patience, report_rewards
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.errors import ConfigError, JudgeError, TrainingError
+from retrograd.errors import JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import base_lr, build_optimizer, lr_at
-from retrograd.rewards.judge import command_judge, judge_request
+from retrograd.rewards.judge import group_id, open_judge
 from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rewards.ruler.prompt import Candidate
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Group, Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
@@ -120,13 +121,7 @@ def total_steps(cfg) -> int:
 def check_available(cfg) -> None:
     """Values the configuration reference allows that this loop cannot honour yet: refused
     before anything loads, naming the key (docs/configuration.md, "At run time")."""
-    g, t = cfg.grpo, cfg.training
-    if g.judge is not None and g.judge.type != "command":
-        raise ConfigError(
-            f'[grpo.judge].type = "{g.judge.type}": not available in this version (the LLM '
-            'judge comes later; use type = "command" with a judge program)'
-        )
-    context.check_rollout_keys(t, "grpo")
+    context.check_rollout_keys(cfg.training, "grpo")
 
 
 def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
@@ -202,7 +197,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         console=getattr(sinks, "console", None),
     )
     program = reward_program(g, "[grpo]")
-    judge = command_judge(g.judge) if g.judge is not None else None
+    run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
+    judge = open_judge(g.judge, "[grpo.judge]", run_dir) if g.judge is not None else None
     try:
         # 3. updates
         for update in range(pos.update + 1, g.updates + 1):
@@ -219,6 +215,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             values = _rollout_metrics(groups, cursor - pos.cursor, g.prompts_per_update)
             values.update(stats_names(stats))
             values.update(timing)
+            if judge is not None:
+                values.update(_judge_metrics(groups, judge))
             before = pos.global_step
             if trained:
                 t1 = time.perf_counter()
@@ -373,12 +371,14 @@ def _judge_group(cfg, judge, group: Group, weights: list[float]) -> None:
         for r in group.members:
             r.judge_term = 0.0
         return
-    requests = [
-        judge_request([*r.prompt.messages, {"role": "assistant", "content": r.text}])
+    candidates = [
+        Candidate([*r.prompt.messages, {"role": "assistant", "content": r.text}])
         for r in group.members
     ]
     try:
-        verdicts = judge.score(requests)
+        verdicts = judge.score_group(
+            candidates, group_id(group.update, group.index), group.prompt.rubric
+        )
     except JudgeError as e:
         if cfg.grpo.judge_failure == "fail":
             raise
@@ -387,6 +387,18 @@ def _judge_group(cfg, judge, group: Group, weights: list[float]) -> None:
         return
     for r, w, v in zip(group.members, weights, verdicts, strict=True):
         r.judge_term = w * v
+
+
+def _judge_metrics(groups: list[Group], judge) -> dict[str, float]:
+    """judge/ metrics of the update (formats.md §7.2): the loop's own counts, then the judge's
+    (requests, latency, cache hits, budgets: a ruler judge's stats())."""
+    dropped = [grp.members[0].skip_reason == "judge_dropped" for grp in groups]
+    terms = [r.judge_term for grp in groups for r in grp.members if r.judge_term is not None]
+    values = {names.JUDGE_DROPPED_FRACTION: float(np.mean(dropped))}
+    if terms:
+        values[names.REWARD_JUDGE_MEAN] = float(np.mean(terms))
+    values.update(judge.stats())
+    return values
 
 
 def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:

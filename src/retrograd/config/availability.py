@@ -176,18 +176,10 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         "by preference (dpo and ipo)",
     ),
     ("sft", "*"): YES,
-    ("grpo", "*"): _entry(
-        HONOURED,
-        'honoured by grpo; `train` refuses a [grpo.judge] of type "ruler" (not available in '
-        'this version: use type = "command")',
-    ),
+    ("grpo", "*"): _entry(HONOURED, "honoured by grpo"),
     ("preference", "*"): _entry(HONOURED, "honoured by preference"),
     ("distill", "*"): _entry(HONOURED, "honoured by distill (both modes)"),
-    ("agent", "*"): _entry(
-        HONOURED,
-        'honoured by agent_grpo; `train` refuses an [agent.judge] of type "ruler" (not '
-        'available in this version: use type = "command" or an environment that verifies)',
-    ),
+    ("agent", "*"): _entry(HONOURED, "honoured by agent_grpo"),
     **{(name, "*"): entry for name, entry in _LATER_ALGORITHM.items()},
     ("agent.collect_api", "*"): _entry(
         ELSEWHERE, "read by `retrograd collect --api`; `train` ignores it"

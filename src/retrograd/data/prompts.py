@@ -86,5 +86,5 @@ def render_prompts(file: PromptFile, chat, ctx: int) -> list[Prompt]:
                 f"for an answer in [training].ctx = {ctx}; shorten it or raise ctx"
             )
         text = str(line.messages[-1].get("content", ""))
-        out.append(Prompt(line.key, line.index, line.messages, text, tuple(ids)))
+        out.append(Prompt(line.key, line.index, line.messages, text, tuple(ids), line.rubric))
     return out

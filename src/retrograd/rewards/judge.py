@@ -89,6 +89,13 @@ def command_judge(section: Any, where: str = "[grpo.judge]") -> CommandJudge:
     return CommandJudge(section.command, section.timeout_secs, where)
 
 
+def group_id(update: int, index: int) -> int:
+    """The id a loop gives the judge for group `index` of `update`. It fixes a ruler judge's
+    presentation order, so a resumed run that samples the group again sends the same prompt
+    (and hits the cache). 2**20 groups an update is more than any run draws."""
+    return update * (1 << 20) + index
+
+
 def open_judge(section: Any, where: str, base_dir: str | os.PathLike):
     """The judge of a [grpo.judge] or [agent.judge] section: a RulerJudge for type = "ruler"
     (its cache_path already resolved against the run file's folder, `base_dir`), else a

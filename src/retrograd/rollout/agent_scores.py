@@ -1,5 +1,5 @@
 """From an update's rolled trajectories to the records the loss reads (formats.md §4.4):
-final rewards (the environment's, or a command judge's when the environment does not grade the
+final rewards (the environment's, or the judge's when the environment does not grade the
 group; never both), the group records (the shared prompt is the members' longest common
 opening; only the policy's tokens train), truncation and drops, advantages with each token's
 intermediate return, and the agent/ metrics. The loop (algorithms/agent_grpo.py) calls these
@@ -14,7 +14,8 @@ import numpy as np
 
 from retrograd.errors import JudgeError, TrainingError
 from retrograd.observe import names
-from retrograd.rewards.judge import judge_request
+from retrograd.rewards.judge import group_id
+from retrograd.rewards.ruler.prompt import Candidate
 from retrograd.rollout.agent import AgentSample
 from retrograd.rollout.records import Group, Prompt, Rollout
 from retrograd.rollout.shaping import NOT_IN_BASELINE, assign_advantages, zero_signal
@@ -42,9 +43,9 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
                     s.traj.final_reward = 0.0  # graded by step rewards alone, or no verify
             continue
         stats["judged"] += 1
-        requests = [judge_request(s.traj.messages) for s in live]
+        candidates = [Candidate(list(s.traj.messages), s.traj.summary) for s in live]
         try:
-            verdicts = world.judge.score(requests)
+            verdicts = world.judge.score_group(candidates, group_id(update, g), _rubric(scenario))
         except JudgeError as e:
             if a.judge_failure == "fail":
                 raise
@@ -70,7 +71,14 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
         names.JUDGE_DEGENERATE_FRACTION: stats["degenerate"] / judged,
         names.JUDGE_SCORE_MEAN: float(scores.mean()) if scores.size else 0.0,
         names.JUDGE_SCORE_STD: float(scores.std()) if scores.size else 0.0,
+        **world.judge.stats(),
     }
+
+
+def _rubric(scenario) -> str | None:
+    """metadata.rubric, the scenario's own criteria (formats.md §1.6); the judge's otherwise."""
+    rubric = scenario.metadata.get("rubric") if scenario is not None else None
+    return rubric if isinstance(rubric, str) and rubric.strip() else None
 
 
 def group_records(samples: list[AgentSample], update: int, index: int) -> Group:

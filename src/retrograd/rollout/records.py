@@ -28,6 +28,7 @@ class Prompt:
     messages: tuple[dict, ...]  # the conversation, ending with a user message
     text: str  # the last user message's content: what a reward program receives
     ids: tuple[int, ...]  # the rendered prompt with the assistant-generation prefix
+    rubric: str | None = None  # the line's own judge criteria, else the judge's rubric
 
 
 @dataclass

@@ -306,15 +306,6 @@ def test_train_refuses_modes_without_a_loop(entry):
 
 
 GRPO_UNAVAILABLE = {
-    "ruler judge": (
-        {
-            "grpo": {
-                "judge_weight": 0.5,
-                "judge": {"type": "ruler", "base_url": "http://127.0.0.1:1/v1", "model": "j"},
-            }
-        },
-        '[grpo.judge].type = "ruler": not available in this version',
-    ),
     "generation_batch": (
         {"training": {"generation_batch": 8}},
         "[training].generation_batch = 8: not available in this version",
@@ -339,15 +330,18 @@ def test_grpo_refuses_what_its_loop_cannot_honour(case):
     assert str(caught.value).startswith(expected), str(caught.value)
 
 
-def test_grpo_accepts_auto_and_off_fanout_and_a_command_judge():
-    from retrograd.algorithms.grpo import check_available
+@pytest.mark.parametrize(
+    "judge",
+    [
+        {"type": "command", "command": ["j"]},
+        {"type": "ruler", "base_url": "http://127.0.0.1:1/v1", "model": "j"},
+    ],
+    ids=["command", "ruler"],
+)
+def test_grpo_and_agent_grpo_accept_both_judges(judge):
+    from retrograd.algorithms import agent_grpo, grpo
 
-    check_available(validate_run(run_doc("grpo", training={"shared_prefix_fanout": "off"})))
-    check_available(
-        validate_run(
-            run_doc(
-                "grpo",
-                grpo={"judge_weight": 0.5, "judge": {"type": "command", "command": ["j"]}},
-            )
-        )
-    )
+    grpo.check_available(validate_run(run_doc("grpo", training={"shared_prefix_fanout": "off"})))
+    grpo.check_available(validate_run(run_doc("grpo", grpo={"judge_weight": 0.5, "judge": judge})))
+    agent = {"judge": {"command": None, **judge}}  # None drops the default command
+    agent_grpo.check_available(validate_run(run_doc("agent_grpo", agent=agent)))
