@@ -178,7 +178,9 @@ def merge_anchored(
     return [min(max(merged[m], 0.0), 1.0) for m in members]
 
 
-def _by_member(chunk: Sequence[int], scores: Mapping[int, float] | Sequence[float]):
+def _by_member(
+    chunk: Sequence[int], scores: Mapping[int, float] | Sequence[float]
+) -> dict[int, float]:
     if isinstance(scores, Mapping):
         if set(scores) != set(chunk):
             raise ValueError(f"chunk {list(chunk)} scored members {sorted(scores)}")
