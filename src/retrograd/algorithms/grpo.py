@@ -390,14 +390,13 @@ def _judge_group(cfg, judge, group: Group, weights: list[float]) -> None:
 
 
 def _judge_metrics(groups: list[Group], judge) -> dict[str, float]:
-    """judge/ metrics of the update (formats.md §7.2): the loop's own counts, then the judge's
-    (requests, latency, cache hits, budgets: a ruler judge's stats())."""
+    """judge/ metrics of the update (formats.md §7.2): the judge's own (requests, latency,
+    cache hits, budgets: a ruler judge's stats()), then the loop's counts."""
     dropped = [grp.members[0].skip_reason == "judge_dropped" for grp in groups]
     terms = [r.judge_term for grp in groups for r in grp.members if r.judge_term is not None]
-    values = {names.JUDGE_DROPPED_FRACTION: float(np.mean(dropped))}
+    values = {**judge.stats(), names.JUDGE_DROPPED_FRACTION: float(np.mean(dropped))}
     if terms:
         values[names.REWARD_JUDGE_MEAN] = float(np.mean(terms))
-    values.update(judge.stats())
     return values
 
 

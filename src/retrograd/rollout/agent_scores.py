@@ -66,12 +66,12 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
         return {}
     judged = max(1, stats["judged"])
     scores = np.array(stats["scores"], dtype=np.float64)
-    return {
+    return {  # the judge's own counts (requests, latency, budgets), then the loop's
+        **world.judge.stats(),
         names.JUDGE_DROPPED_FRACTION: stats["dropped"] / judged,
         names.JUDGE_DEGENERATE_FRACTION: stats["degenerate"] / judged,
         names.JUDGE_SCORE_MEAN: float(scores.mean()) if scores.size else 0.0,
         names.JUDGE_SCORE_STD: float(scores.std()) if scores.size else 0.0,
-        **world.judge.stats(),
     }
 
 

@@ -189,3 +189,70 @@ def test_help_explains_the_fixtures_and_exit_statuses(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "Kendall's tau" in out and '"candidates"' in out and "Exit status" in out
+
+
+def test_eval_of_a_ruler_judge_against_the_scripted_endpoint(tmp_path, monkeypatch, capsys):
+    """The whole command against a real HTTP endpoint: the scripted judge reads each
+    trajectory's "q=<quality>" (from its final state when it has one) and scores it so, except
+    under the rubric "Biased", where it gives 1 to whichever trajectory is shown first. The
+    second pass shows the candidates in another order, which only the biased judge notices."""
+    from retrograd.rewards.ruler.prompt import permutation
+    from tests.factories.scripted_openai import reply, scripted_openai
+
+    def verdict(body: dict):
+        prompt = body["messages"][0]["content"]
+        shown = json.loads(prompt.split("<trajectories>\n")[1].split("\n</trajectories>")[0])
+        biased = prompt.startswith("Biased")
+        scores = [
+            {
+                "trajectory_id": t["trajectory_id"],
+                "explanation": "",
+                "score": float(k == 0) if biased else quality(t),
+            }
+            for k, t in enumerate(shown)
+        ]
+        return reply("Here you go:\n```json\n" + json.dumps({"scores": scores}) + "\n```")
+
+    def quality(t: dict) -> float:
+        return float(t.get("final_state", t["messages"][-1]["content"]).split("q=")[1])
+
+    good = fixture("good", ["q=0.9", "q=0.2", "q=0.5"], [3, 1, 2])
+    flipped = fixture("flipped", ["q=0.1", "q=0.8"], [1, 0])
+    stateful = fixture("stateful", ["done", "done", "done"], [0, 1, 2])
+    for c, state in zip(stateful["candidates"], ["q=0.3", "q=0.2", "q=0.9"], strict=True):
+        c["env_state"] = state
+    biased = fixture("biased", ["a", "b", "c", "d", "e"], [4, 3, 2, 1, 0], rubric="Biased.")
+    lines = [good, flipped, stateful, biased]
+    fixtures = write_lines(tmp_path / "fixtures.jsonl", lines)
+    config = run_file(tmp_path, ["unused"])
+    text = config.read_text()
+    config.write_text(
+        text[: text.index("[grpo.judge]")]
+        + '[grpo.judge]\ntype = "ruler"\nmodel = "judge"\napi_key_env = "EVAL_TEST_KEY"\n'
+        + 'cache_path = "verdicts.jsonl"\n'
+    )
+    monkeypatch.setenv("EVAL_TEST_KEY", "test-key")
+    with scripted_openai([verdict] * (2 * len(lines))) as api:
+        with config.open("a") as f:
+            f.write(f'base_url = "{api.base_url}"\n')
+        argv = ["judge", "eval", str(config), "--fixtures", str(fixtures), "--json"]
+        assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(api.requests) == 2 * len(lines)  # one listwise request a pass, nothing cached
+    assert not (tmp_path / "verdicts.jsonl").exists()
+    rows = {row["scenario_id"]: row for row in report["fixtures"]}
+    assert rows["good"]["scores"] == [0.9, 0.2, 0.5] == rows["good"]["repeat"]
+    assert rows["good"]["tau_labels"] == pytest.approx(1.0)
+    assert rows["flipped"]["tau_labels"] == pytest.approx(-1.0)
+    assert rows["stateful"]["scores"] == [0.3, 0.2, 0.9]
+    # the biased judge: the first candidate shown gets 1, in each pass its own order
+    n = len(lines)
+    first, second = permutation(3, 0, 5)[0], permutation(n + 3, 0, 5)[0]
+    assert first != second  # the passes disagree, as a position-biased judge should
+    expected = [[float(k == first) for k in range(5)], [float(k == second) for k in range(5)]]
+    assert [rows["biased"]["scores"], rows["biased"]["repeat"]] == expected
+    tau = stats.kendalltau(*expected).statistic
+    assert rows["biased"]["tau_repeat"] == pytest.approx(tau) and tau < 0
+    assert rows["biased"]["tau_labels"] == pytest.approx(
+        stats.kendalltau(expected[0], [4, 3, 2, 1, 0]).statistic
+    )
