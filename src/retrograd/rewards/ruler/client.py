@@ -187,6 +187,12 @@ class JudgeClient:
             raise ValueError("a reply without content")
         return content
 
+    async def aclose(self) -> None:
+        """Close the connections of the current event loop; the next request opens new ones."""
+        if self._loop is not None:
+            self._loop = None
+            await self._api.close()
+
     def take_stats(self) -> ClientStats:
         """The counters so far, reset for the next update."""
         stats, self.stats = self.stats, ClientStats()

@@ -25,6 +25,7 @@ from pathlib import Path
 from retrograd.config.judge import JudgeCompaction
 from retrograd.config.judge import RulerJudge as RulerSection
 from retrograd.errors import JudgeError
+from retrograd.observe import names
 from retrograd.rewards.ruler import strategy
 from retrograd.rewards.ruler.cache import JudgeCache
 from retrograd.rewards.ruler.client import JudgeClient
@@ -94,7 +95,14 @@ class RulerJudge:
         self, candidates: list[Candidate], group_id: int, rubric: str | None = None
     ) -> list[float]:
         """One score in [0, 1] per candidate, in their order. Raises JudgeError."""
-        return asyncio.run(self.ascore_group(candidates, group_id, rubric))
+
+        async def once() -> list[float]:
+            try:
+                return await self.ascore_group(candidates, group_id, rubric)
+            finally:
+                await self.client.aclose()  # its connections die with this event loop
+
+        return asyncio.run(once())
 
     async def ascore_group(
         self, candidates: list[Candidate], group_id: int, rubric: str | None = None
@@ -249,25 +257,25 @@ class RulerJudge:
         """The judge/ metrics (formats.md §7.2) since the last call; the counters restart."""
         client = self.client.take_stats()
         out: dict[str, float] = {
-            "judge/groups": self.groups,
-            "judge/requests": client.requests,
-            "judge/retries": client.retries,
-            "judge/cache_hit_rate": client.cache_hits / self.asks if self.asks else 0.0,
-            "judge/prompt_chars_max": self.prompt_chars_max,
+            names.JUDGE_GROUPS: self.groups,
+            names.JUDGE_REQUESTS: client.requests,
+            names.JUDGE_RETRIES: client.retries,
+            names.JUDGE_CACHE_HIT_RATE: client.cache_hits / self.asks if self.asks else 0.0,
+            names.JUDGE_PROMPT_CHARS_MAX: self.prompt_chars_max,
         }
         if client.requests:
-            out["judge/latency_ms_mean"] = client.latency_ms_total / client.requests
+            out[names.JUDGE_LATENCY_MS_MEAN] = client.latency_ms_total / client.requests
         if self.groups:
-            out["judge/requests_per_group"] = client.requests / self.groups
-            out["judge/degenerate_group_fraction"] = self.degenerate / self.groups
+            out[names.JUDGE_REQUESTS_PER_GROUP] = client.requests / self.groups
+            out[names.JUDGE_DEGENERATE_FRACTION] = self.degenerate / self.groups
         if self.members:
-            out["judge/elided_fraction"] = self.elided / self.members
-            out["judge/compacted_fraction"] = self.compacted / self.members
+            out[names.JUDGE_ELIDED_FRACTION] = self.elided / self.members
+            out[names.JUDGE_COMPACTED_FRACTION] = self.compacted / self.members
         if self.scores:
-            out["judge/score_mean"] = statistics.fmean(self.scores)
-            out["judge/score_std"] = statistics.pstdev(self.scores)
+            out[names.JUDGE_SCORE_MEAN] = statistics.fmean(self.scores)
+            out[names.JUDGE_SCORE_STD] = statistics.pstdev(self.scores)
         if self.pairs_both:
-            out["judge/position_disagreement"] = self.disagreements / self.pairs_both
+            out[names.JUDGE_POSITION_DISAGREEMENT] = self.disagreements / self.pairs_both
         self._reset()
         return out
 

@@ -35,7 +35,13 @@ def client(api, **kw) -> JudgeClient:
 
 
 def ask(judge: JudgeClient, prompt: str = "which?"):
-    return asyncio.run(judge.complete_json(prompt, "ruler_pair", SCHEMA, winner))
+    async def once():
+        try:
+            return await judge.complete_json(prompt, "ruler_pair", SCHEMA, winner)
+        finally:
+            await judge.aclose()
+
+    return asyncio.run(once())
 
 
 def test_strict_schema_first_then_json_object_with_prose_and_fences():
@@ -102,9 +108,11 @@ def test_concurrency_is_bounded():
     script = [delay(0.4, reply(GOOD)) for _ in range(4)]
 
     async def four(judge):
-        return await asyncio.gather(
+        verdicts = await asyncio.gather(
             *(judge.complete_json(f"p{i}", "ruler_pair", SCHEMA, winner) for i in range(4))
         )
+        await judge.aclose()
+        return verdicts
 
     with scripted_openai(script) as api:
         judge = client(api, max_concurrency=2)
@@ -146,9 +154,14 @@ def test_complete_text_is_greedy_free_form_and_cached(tmp_path):
     cache = JudgeCache(tmp_path / "c.jsonl")
     with scripted_openai([reply(""), reply("They listed files, then failed.")]) as api:
         judge = client(api, temperature=0.7, cache=cache)
-        text = asyncio.run(judge.complete_text("summarise"))
-        assert text == "They listed files, then failed."
-        assert asyncio.run(judge.complete_text("summarise")) == text
+
+        async def twice():
+            first, second = await judge.complete_text("s"), await judge.complete_text("s")
+            await judge.aclose()
+            return first, second
+
+        text, again = asyncio.run(twice())
+        assert text == again == "They listed files, then failed."
     assert len(api.requests) == 2  # the empty reply was retried; the second call was a hit
     for body in api.requests:
         assert body["temperature"] == 0.0 and "response_format" not in body
