@@ -420,3 +420,56 @@ def test_a_failing_reward_program_stops_the_run_cleanly(chat_model, tmp_path, mo
     assert not (tmp_path / "out" / "adapter.gguf").exists()
     left = subprocess.run(["pgrep", "-f", "failing_reward_x7"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_a_ruler_judge_adds_its_verdict_and_a_failed_group_is_dropped(
+    chat_model, tmp_path, monkeypatch
+):
+    """[grpo.judge] type = "ruler" against the scripted OpenAI-compatible endpoint: the judge
+    scores the share of "e" under each line's own rubric; the second request fails (HTTP 500,
+    no retries), so that group keeps its verifiable reward but leaves the update."""
+    from retrograd.algorithms.grpo import run_grpo
+    from tests.factories.scripted_openai import reply, scripted_openai, status
+
+    def verdict(body: dict):
+        prompt = body["messages"][0]["content"]
+        shown = json.loads(prompt.split("<trajectories>\n")[1].split("\n</trajectories>")[0])
+        scores = []
+        for t in shown:
+            text = t["messages"][-1]["content"]
+            share = text.count("e") / max(1, len(text))
+            scores.append({"trajectory_id": t["trajectory_id"], "explanation": "", "score": share})
+        return reply(json.dumps({"scores": scores}))
+
+    monkeypatch.setenv("GRPO_JUDGE_KEY", "test-key")
+    with scripted_openai([verdict, status(500), verdict, verdict]) as api:
+        judge = (
+            f'type = "ruler"\nbase_url = "{api.base_url}"\nmodel = "judge"\n'
+            'api_key_env = "GRPO_JUDGE_KEY"\nmax_retries = 0\ntemperature = 0.0'
+        )
+        run = write_run(
+            tmp_path,
+            chat_model,
+            {"updates": 2, "judge_weight": 1.0},
+            metrics='tensorboard_dir = "tb"',
+            **{"grpo.judge": judge},
+        )
+        lines = [
+            json.dumps({"messages": [{"role": "user", "content": p}], "rubric": "Count the e."})
+            for p in PROMPTS
+        ]
+        (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        run_grpo(load_run(run), run_file=run, sinks=sinks())
+    assert len(api.requests) == 4  # one listwise request per group, 2 groups x 2 updates
+    for body in api.requests:
+        assert body["messages"][0]["content"].startswith("Count the e.")
+        assert body["temperature"] == 0.0
+    tb = tmp_path / "tb"
+    assert scalars(tb, "judge/dropped_group_fraction") == {1: 0.5, 2: 0.0}
+    assert scalars(tb, "judge/groups") == {1: 1.0, 2: 2.0}
+    judged = scalars(tb, "reward/judge_mean")
+    verifiable = scalars(tb, "reward/verifiable_mean")
+    assert set(judged) == {1, 2}
+    # the judge scores what the reward program scores: in update 2, every group judged, the
+    # mean judge term equals the verifiable mean
+    assert judged[2] == pytest.approx(verifiable[2], abs=1e-5)
