@@ -4,8 +4,10 @@
 format, retries with plain `json_object` (endpoints that refuse or botch strict schemas still
 answer), each retry after 0.1 * 2**attempt seconds. Timeouts, lost connections, 5xx, 408, 429,
 replies that hold no JSON and replies `validate` refuses are retried; any other 4xx (a bad key,
-an unknown model) is not, since asking again cannot help. When the tries run out it raises
-JudgeError. `complete_text` asks for prose at temperature 0 (compaction summaries).
+an unknown model) is not, since asking again cannot help. An endpoint that refuses response
+formats with a 400 (`retrograd serve` does) is asked again without them, from then on: the
+prompt spells out the schema itself. When the tries run out it raises JudgeError.
+`complete_text` asks for prose at temperature 0 (compaction summaries).
 
 The client knows nothing about rubrics, strategies or what a verdict means: `validate` turns a
 reply object into the caller's value, or raises ValueError.
@@ -66,6 +68,7 @@ class JudgeClient:
         self.cache = cache
         self.where = where
         self.stats = ClientStats()
+        self.plain = False  # set when the endpoint refuses response formats
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _bind(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
@@ -142,7 +145,8 @@ class JudgeClient:
     ) -> tuple[Any, Any]:
         api, gate = self._bind()
         failures: list[str] = []
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while attempt <= self.max_retries:
             if attempt:
                 self.stats.retries += 1
                 await asyncio.sleep(BACKOFF_SECS * 2 ** (attempt - 1))
@@ -151,7 +155,7 @@ class JudgeClient:
                 "messages": [{"role": "user", "content": prompt}],
             }
             response_format = first_format if attempt == 0 else retry_format
-            if response_format is not None:
+            if response_format is not None and not self.plain:
                 request["response_format"] = response_format
             if temperature is not None:
                 request["temperature"] = temperature
@@ -159,10 +163,16 @@ class JudgeClient:
                 text = await self._post(api, gate, request)
                 return accept(text)
             except Refused as e:
+                if "response_format" in request and _refuses_format(e.__cause__):
+                    # The prompt itself asks for the schema: go on without response formats
+                    # (as `retrograd serve` and other plain endpoints need), not counted a try.
+                    self.plain = True
+                    continue
                 failures.append(str(e))
                 break
             except (openai.APIConnectionError, openai.APIStatusError, ValueError) as e:
                 failures.append(_describe(e))
+            attempt += 1
         raise JudgeError(
             f"{self.where}: judge {self.model!r} at {self.base_url} gave no valid reply in "
             f"{len(failures)} attempt(s): " + "; ".join(failures)
@@ -197,6 +207,15 @@ class JudgeClient:
         """The counters so far, reset for the next update."""
         stats, self.stats = self.stats, ClientStats()
         return stats
+
+
+def _refuses_format(error: BaseException | None) -> bool:
+    """A 400 that names response_format: the endpoint does no structured output."""
+    if not isinstance(error, openai.APIStatusError) or error.status_code != 400:
+        return False
+    return getattr(error, "param", None) == "response_format" or "response_format" in str(
+        error.message
+    )
 
 
 def _describe(error: Exception) -> str:

@@ -166,3 +166,13 @@ def test_complete_text_is_greedy_free_form_and_cached(tmp_path):
     for body in api.requests:
         assert body["temperature"] == 0.0 and "response_format" not in body
     assert judge.stats.cache_hits == 1
+
+
+def test_an_endpoint_without_response_formats_is_asked_plainly_from_then_on():
+    refusal = status(400, "response_format: response_format type 'json_schema' is not supported")
+    with scripted_openai([refusal, reply(GOOD), reply(GOOD)]) as api:
+        judge = client(api, max_retries=0)  # the refusal does not spend a try
+        assert ask(judge) == "b" and ask(judge, "again?") == "b"
+    assert "response_format" in api.requests[0]
+    assert all("response_format" not in body for body in api.requests[1:])
+    assert (judge.stats.requests, judge.stats.retries) == (3, 0)

@@ -247,3 +247,37 @@ def test_no_compaction_when_no_member_passes_the_trigger(monkeypatch, tmp_path):
         group_ = [transcript(4, 400, 0.8), transcript(1, 10, 0.5)]
         assert ruler.score_group(group_, group_id=3) == [0.8, 0.5]
     assert len(api.requests) == 1
+
+
+def test_against_retrograd_serve(gemma_path, monkeypatch, tmp_path):
+    """The real serve app (a scripted batch in place of the model) refuses response formats;
+    the judge asks again without them and reads the verdict from the answer's text."""
+    import torch
+
+    import retrograd
+    from retrograd.gguf import GGUFFile
+    from retrograd.serve.app import create_app
+    from retrograd.serve.weights import Loaded
+    from retrograd.tokenizer import ChatFormat, chat_template
+    from tests.unit.serve.scripted import ScriptedBatch, serving
+
+    tok = retrograd.load_tokenizer(gemma_path)
+    chat = ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
+    verdict = json.dumps(
+        {
+            "scores": [
+                {"trajectory_id": 1, "explanation": "sorted", "score": 0.75},
+                {"trajectory_id": 0, "explanation": "not sorted", "score": 0.25},
+            ]
+        }
+    )
+    model = type("M", (), {"decoder": torch.nn.Module()})()
+    batch = ScriptedBatch(tok, "Here you go:\n" + verdict, piece=64)
+    app = create_app(Loaded(model, chat, None, 2048, None), "judge", batch=batch)
+    with serving(app) as url:
+        api = type("Api", (), {"base_url": url})()
+        ruler = judge(api, monkeypatch, tmp_path)
+        assert ruler.score_group(group(0.2, 0.6), group_id=0) == [0.25, 0.75]
+        stats = ruler.stats()
+    assert stats["judge/requests"] == 2 and stats["judge/retries"] == 0
+    assert "Rank each trajectory" in batch.prompts[0]
