@@ -35,6 +35,7 @@ from retrograd.rewards.ruler.prompt import (
     PAIRWISE_RUBRIC,
     PAIRWISE_SCHEMA,
     Candidate,
+    elide,
     fit,
     listwise_prompt,
     pairwise_prompt,
@@ -115,11 +116,15 @@ class RulerJudge:
         # 2. budgets
         shared, rests = split_shared(candidates)
         ctx = self.section.context
+        shared, _ = fit(shared, ctx)
         members = []
         for candidate, rest in zip(candidates, rests, strict=True):
             messages, elided = fit(rest, ctx)
-            self.elided += elided
             state = candidate.final_state if ctx.include_env_state else None
+            if state is not None:
+                short = elide(state, ctx.max_message_chars, ctx.head_ratio)
+                elided, state = elided or short != state, short
+            self.elided += elided
             members.append((messages, state))
         # 3. the strategy
         mode = self.section.strategy.mode

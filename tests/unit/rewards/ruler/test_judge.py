@@ -281,3 +281,19 @@ def test_against_retrograd_serve(gemma_path, monkeypatch, tmp_path):
         stats = ruler.stats()
     assert stats["judge/requests"] == 2 and stats["judge/retries"] == 0
     assert "Rank each trajectory" in batch.prompts[0]
+
+
+@pytest.mark.parametrize("include", [True, False])
+def test_the_final_state_is_shown_within_the_message_budget(monkeypatch, tmp_path, include):
+    members = [Candidate(c.messages, "files: " + "f" * 500) for c in group(0.3, 0.7)]
+    context = {"max_message_chars": 100, "include_env_state": include}
+    with scripted_openai([listwise()]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, context=context)
+        assert ruler.score_group(members, group_id=4) == [0.3, 0.7]
+    states = [t.get("final_state") for t in shown(api.requests[0])]
+    if include:
+        assert all(len(s) == 100 and s.startswith("files: ff") for s in states)
+        assert "characters elided" in states[0]
+        assert ruler.stats()["judge/elided_fraction"] == 1.0
+    else:
+        assert states == [None, None] and ruler.stats()["judge/elided_fraction"] == 0.0
