@@ -176,3 +176,34 @@ def test_an_endpoint_without_response_formats_is_asked_plainly_from_then_on():
     assert "response_format" in api.requests[0]
     assert all("response_format" not in body for body in api.requests[1:])
     assert (judge.stats.requests, judge.stats.retries) == (3, 0)
+
+
+def test_a_killed_writer_leaves_a_readable_cache(tmp_path):
+    """SIGKILL a process appending rows as fast as it can: every row it finished reads back,
+    and the next row lands on a line of its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "judge.jsonl"
+    writer = (
+        "import sys\n"
+        "from retrograd.rewards.ruler.cache import JudgeCache\n"
+        "cache = JudgeCache(sys.argv[1])\n"
+        "for i in range(10**9):\n"
+        "    cache.put(f'k{i}', text='x' * 5000)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(path)])
+    deadline = time.monotonic() + 30
+    while (not path.exists() or path.stat().st_size < 200_000) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    cache = JudgeCache(path)
+    assert len(cache) >= 40 and all(row["text"] == "x" * 5000 for row in cache.rows.values())
+    keys = sorted(int(k[1:]) for k in cache.rows)
+    assert keys == list(range(len(keys)))  # rows land in order, none lost before the last
+    cache.put("after", text="y")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]  # every line parses
+    assert rows[-1] == {"key": "after", "text": "y"} and len(rows) == len(keys) + 1
