@@ -59,6 +59,7 @@ class JudgeClient:
         max_retries: int = 2,
         cache: JudgeCache | None = None,
         where: str = "[grpo.judge]",
+        key_hint: str = "",
     ) -> None:
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.temperature = temperature
@@ -67,6 +68,7 @@ class JudgeClient:
         self.max_retries = max_retries
         self.cache = cache
         self.where = where
+        self.key_hint = key_hint  # added to a 401: where the key came from
         self.stats = ClientStats()
         self.plain = False  # set when the endpoint refuses response formats
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -188,7 +190,8 @@ class JudgeClient:
                 response = await api.chat.completions.create(**request)
             except openai.APIStatusError as e:
                 if e.status_code < 500 and e.status_code not in (408, 429):
-                    raise Refused(_describe(e)) from e
+                    hint = self.key_hint if e.status_code == 401 else ""
+                    raise Refused(_describe(e) + hint) from e
                 raise
             finally:
                 self.stats.latency_ms_total += (time.perf_counter() - start) * 1000

@@ -70,7 +70,9 @@ class RulerJudge:
             path = Path(section.cache_path)
             cache = JudgeCache(path if path.is_absolute() else Path(base_dir) / path)
         # NOTE: an endpoint without keys (a local `retrograd serve`) still needs a string here.
-        api_key = os.environ.get(section.api_key_env) or "unset"
+        env = section.api_key_env
+        api_key = os.environ.get(env) or "unset"
+        unset = "" if env in os.environ else " is not set"
         self.client = JudgeClient(
             section.base_url,
             section.model,
@@ -81,6 +83,7 @@ class RulerJudge:
             max_retries=section.max_retries,
             cache=cache,
             where=where,
+            key_hint=f" (the key: {where}.api_key_env = {env!r}{unset})",
         )
         self._reset()
 

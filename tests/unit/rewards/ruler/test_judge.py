@@ -297,3 +297,13 @@ def test_the_final_state_is_shown_within_the_message_budget(monkeypatch, tmp_pat
         assert ruler.stats()["judge/elided_fraction"] == 1.0
     else:
         assert states == [None, None] and ruler.stats()["judge/elided_fraction"] == 0.0
+
+
+def test_a_refused_key_names_its_variable(monkeypatch, tmp_path):
+    with scripted_openai([listwise()]) as api:
+        ruler = judge(api, monkeypatch, tmp_path)
+        monkeypatch.delenv("RULER_TEST_UNSET_KEY", raising=False)
+        unset = judge(api, monkeypatch, tmp_path, api_key_env="RULER_TEST_UNSET_KEY")
+        with pytest.raises(JudgeError, match="HTTP 401.*'RULER_TEST_UNSET_KEY' is not set"):
+            unset.score_group(group(0.1, 0.2), group_id=0)
+        assert ruler.score_group(group(0.1, 0.2), group_id=0) == [0.1, 0.2]
