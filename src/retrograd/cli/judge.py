@@ -16,7 +16,8 @@ run file or fixture file; 2 when the judge failed on a fixture; 3 when a mean ta
 --min-tau.
 
 Example:
-  retrograd judge eval examples/grpo-judge/grpo.toml --fixtures fixtures.jsonl
+  retrograd judge eval examples/grpo-judge/plurals-judged.toml \
+      --fixtures examples/grpo-judge/fixtures.jsonl
   retrograd judge eval run.toml --fixtures fixtures.jsonl --json --min-tau 0.5
 """
 

@@ -256,3 +256,52 @@ def test_eval_of_a_ruler_judge_against_the_scripted_endpoint(tmp_path, monkeypat
     assert rows["biased"]["tau_labels"] == pytest.approx(
         stats.kendalltau(expected[0], [4, 3, 2, 1, 0]).statistic
     )
+
+
+EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo-judge"
+
+
+def test_the_example_fixtures_through_the_example_judge(tmp_path, monkeypatch, capsys):
+    """examples/grpo-judge: its fixtures read, and its pairwise judge (all pairs, both orders,
+    win rates) evaluates them against a scripted endpoint that prefers the answer of fewer
+    words. Each candidate's expected score is its win rate over the others, by hand."""
+    from tests.factories.scripted_openai import reply, scripted_openai
+
+    fixtures = read_fixtures(EXAMPLE / "fixtures.jsonl")
+    assert len(fixtures) >= 5 and all(len({c.label for c in f.candidates}) > 1 for f in fixtures)
+
+    def words(side: dict) -> int:
+        return len(side["messages"][-1]["content"].split())
+
+    def verdict(body: dict):
+        prompt = body["messages"][0]["content"]
+        pair = json.loads(prompt.split("<trajectories>\n")[1].split("\n</trajectories>")[0])
+        a, b = words(pair["a"]), words(pair["b"])
+        winner = "a" if a < b else "b" if b < a else "tie"
+        return reply(json.dumps({"winner": winner, "explanation": "fewer words"}))
+
+    def win_rate(counts: list[int], i: int) -> float:
+        others = [c for j, c in enumerate(counts) if j != i]
+        won = sum(1.0 if counts[i] < c else 0.5 if counts[i] == c else 0.0 for c in others)
+        return won / len(others)
+
+    requests = sum(2 * 2 * len(f.candidates) * (len(f.candidates) - 1) // 2 for f in fixtures)
+    monkeypatch.setenv("JUDGE_API_KEY", "test-key")
+    with scripted_openai([verdict] * requests) as api:
+        text = (EXAMPLE / "plurals-judged.toml").read_text()
+        text = text.replace('"http://127.0.0.1:8081/v1"', f'"{api.base_url}"')
+        text = text.replace('"../', f'"{EXAMPLE.parent}/')  # the example's own relative paths
+        config = tmp_path / "plurals-judged.toml"
+        config.write_text(text)
+        argv = ["judge", "eval", str(config), "--fixtures", str(EXAMPLE / "fixtures.jsonl")]
+        assert main([*argv, "--json"]) == 0
+    assert len(api.requests) == requests  # both orders of every pair, twice, nothing cached
+    report = json.loads(capsys.readouterr().out)
+    for f, row in zip(fixtures, report["fixtures"], strict=True):
+        counts = [len(c.messages[-1]["content"].split()) for c in f.candidates]
+        expected = [win_rate(counts, i) for i in range(len(counts))]
+        assert row["scores"] == pytest.approx(expected) and row["repeat"] == pytest.approx(expected)
+        labels = [c.label for c in f.candidates]
+        if len(set(expected)) > 1:
+            tau = stats.kendalltau(expected, labels).statistic
+            assert row["tau_labels"] == pytest.approx(tau)
