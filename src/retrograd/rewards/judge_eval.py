@@ -209,7 +209,8 @@ def render(rows: Sequence[Row]) -> str:
         if r.error is not None:
             lines.append(f"{r.fixture.key} ({r.fixture.scenario_id}): judge failed: {r.error}")
     lines.append(
-        f"{len(rows)} fixtures, {s['failed']} failed; labels vs the first pass over "
+        f"{len(rows)} fixture{'s' * (len(rows) != 1)}, {s['failed']} failed; labels vs the "
+        f"first pass over "
         f"{s['tau_labels_count']}, the two passes over {s['tau_repeat_count']} "
         "(fixtures whose labels or verdicts are all equal have no ordering to compare)"
     )

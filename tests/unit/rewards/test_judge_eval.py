@@ -183,6 +183,24 @@ def test_refusals(tmp_path, oneshot, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_an_agent_run_file_gives_its_agent_judge(tmp_path, oneshot, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[run]\nalgorithm = "agent_grpo"\n[output]\npath = "out.gguf"\n[lora]\n'
+        f'[agent]\nscenarios = "s.jsonl"\n[agent.judge]\ntype = "command"\n'
+        f"command = {json.dumps(oneshot())}\n"
+    )
+    fixtures = write_lines(tmp_path / "fixtures.jsonl", [fixture("a", TEXTS["a"], LABELS["a"])])
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].split()[:3] == ["a", "3", "+1.000"]
+    assert "1 fixture, 0 failed" in out
+    sft = config.read_text().replace("agent_grpo", "sft").split("[agent]")[0]
+    config.write_text(sft + '[sft]\ndata = "d.jsonl"\n')
+    assert main(["judge", "eval", str(config), "--fixtures", str(fixtures)]) == 1
+    assert "judge eval reads the judge of a grpo or agent_grpo run file" in capsys.readouterr().err
+
+
 def test_help_explains_the_fixtures_and_exit_statuses(capsys):
     with pytest.raises(SystemExit) as done:
         main(["judge", "eval", "--help"])
