@@ -20,29 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from retrograd.model.ssm import conv  # ggml's ssm_conv, shared with Mamba-2
+
 CHUNK = 64  # positions per chunk of the chunked form, as llama.cpp's chunked graph
-
-
-def causal_conv(
-    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None, n_pad: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal convolution. x (B, T, C), weight (C, K) as stored (tap K-1 reads the
-    current position), state (B, K-1, C): the inputs before x (zeros when None). n_pad (B,):
-    left-padding positions per row, whose inputs are skipped (the state sits right before the
-    first real position). -> (y (B, T, C), the new state (B, K-1, C)), y in x's dtype."""
-    B, T, C = x.shape
-    K = weight.shape[1]
-    if state is None:
-        state = x.new_zeros(B, K - 1, C)
-    ext = torch.cat((state.to(x.dtype), x), 1)  # (B, K-1+T, C)
-    if n_pad is not None and bool((n_pad > 0).any()):
-        # position i of the row's own sequence [state, real inputs] sits at i - n_pad
-        idx = torch.arange(K - 1 + T, device=x.device)[None, :] - n_pad[:, None]
-        src = torch.where(idx >= K - 1, idx + n_pad[:, None], idx)
-        keep = (idx >= 0)[..., None]
-        ext = torch.gather(ext, 1, src.clamp(min=0)[..., None].expand(-1, -1, C)) * keep
-    y = F.conv1d(ext.transpose(1, 2), weight.to(x.dtype)[:, None, :], groups=C)
-    return y.transpose(1, 2), ext[:, T:]
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -154,7 +134,7 @@ def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
         n_pad = (~ctx.valid).sum(1)
         keep = ctx.valid.to(g.dtype)[..., None]
         g, beta = g * keep, beta * keep  # no decay, no update: the state passes padding
-    x, conv_state = causal_conv(qkv, block.part("ssm_conv1d.weight"), conv_state, n_pad)
+    x, conv_state = conv(qkv, block.part("ssm_conv1d.weight"), None, conv_state, n_pad)
     x = F.silu(x)
     q, k, v = x.split([Hk * D, Hk * D, H * D], -1)
     eps = block.cfg.rms_eps

@@ -10,37 +10,18 @@ from __future__ import annotations
 
 import torch
 
-
-def causal_conv(
-    u: torch.Tensor, kernel: torch.Tensor, state: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """u (B, T, C) float32, kernel (C, L), state (B, L - 1, C) or None (zeros) ->
-    (out (B, T, C) with out[t] = sum_k window[t + k] * kernel[:, k] over the state then u,
-    the last L - 1 rows of that window: the next state).
-
-    NOTE: the taps are summed in order k = 0, 1, ... as ggml's ssm_conv sums them, so float32
-    results match it digit for digit."""
-    B, T, C = u.shape
-    L = kernel.shape[1]
-    if state is None:
-        state = u.new_zeros(B, L - 1, C)
-    window = torch.cat((state.to(u.dtype), u), 1)  # (B, L - 1 + T, C)
-    out = window[:, 0:T] * kernel[:, 0]
-    for k in range(1, L):
-        out = out + window[:, k : k + T] * kernel[:, k]
-    return out, window[:, T:]
+from retrograd.model.ssm import conv as causal_conv  # ggml's ssm_conv, as Mamba-2's
 
 
 def mix(block, h: torch.Tensor, ctx) -> torch.Tensor:
     """The short-convolution mixer: h (B, T, n_embd) normed input -> (B, T, n_embd)."""
-    conv = block.part("shortconv")
-    b, c, x = conv.in_proj(h).float().chunk(3, dim=-1)
+    layer = block.part("shortconv")
+    b, c, x = layer.in_proj(h).float().chunk(3, dim=-1)
     bx = b * x
     if ctx.valid is not None:  # left padding leaves the state as it is: zeros
         bx = bx * ctx.valid[..., None]
     state = ctx.state(block.il)
-    out, new_state = causal_conv(
-        bx, block.part("shortconv.conv.weight"), None if state is None else state[0]
-    )
+    kernel = block.part("shortconv.conv.weight")
+    out, new_state = causal_conv(bx, kernel, None, None if state is None else state[0])
     ctx.keep(block.il, (new_state,))
-    return conv.out_proj((c * out).to(ctx.dtype))
+    return layer.out_proj((c * out).to(ctx.dtype))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrograd.model.delta_net import causal_conv, delta_rule, delta_rule_chunked, l2_norm
+from retrograd.model.delta_net import delta_rule, delta_rule_chunked, l2_norm
+from retrograd.model.ssm import conv
+
+
+def causal_conv(x, w, state, n_pad):
+    """The delta net's convolution: ggml's ssm_conv without a bias."""
+    return conv(x, w, None, state, n_pad)
+
 
 B, HK, HV, D = 2, 1, 2, 3
 
