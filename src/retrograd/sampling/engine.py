@@ -31,6 +31,7 @@ from retrograd.model.attention import fast_decode
 from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
 from retrograd.sampling.batch import LiveBatch
+from retrograd.sampling.constrain import Constraint, TokenTable, restrict
 from retrograd.sampling.params import Completion, SampleRequest
 from retrograd.sampling.rows import Row
 from retrograd.sampling.select import (
@@ -74,6 +75,13 @@ class Sampler:
             _env_flag("RETRO_DEVICE_LOGPROBS", True) if device_logprobs is None else device_logprobs
         )
         self.fast_top_p = _env_flag("RETRO_FAST_TOP_P", False) if fast_top_p is None else fast_top_p
+        self._table: TokenTable | None = None  # the vocabulary's pieces, once a grammar asks
+
+    @property
+    def token_table(self) -> TokenTable:
+        if self._table is None:
+            self._table = TokenTable(self.tokenizer)
+        return self._table
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -134,6 +142,7 @@ class Sampler:
         # GREEDY_BELOW the answer is the greedy one it tends to anyway
         temperature = p.temperature if p.temperature >= GREEDY_BELOW else 0.0
         stop_ids = frozenset(self.tokenizer.eot_ids) if p.stop_ids is None else p.stop_ids
+        table = self.token_table if p.grammar is not None else None
         return [
             Row(
                 entry,
@@ -145,6 +154,7 @@ class Sampler:
                 stop_ids,
                 torch.Generator().manual_seed(seed),
                 AnswerText(self._piece, p.stop),
+                constraint=None if table is None else Constraint(p.grammar, table),
             )
             for j, seed in enumerate(request.answer_seeds())
         ]
@@ -177,7 +187,37 @@ class Sampler:
         return cache, dec.head(h[:, -1], float32=False), key_mask
 
     def choose(self, live: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """Next token of every live row and its log-probability."""
+        """Next token of every live row and its log-probability; rows under a grammar take
+        an allowed one (constrain.py)."""
+        tokens, lp = self._choose(live, logits)
+        for i, row in enumerate(live):
+            c = row.constraint
+            if c is None or c.allows(tokens[i], row.stop_ids):
+                continue
+            allowed = c.mask(row.stop_ids)
+            if not allowed.any():
+                raise ValueError("the grammar allows no token of this vocabulary here")
+            tokens[i] = self._choose_again(row, restrict(logits[i], allowed))
+            # the log-probability under the row's unrestricted distribution, as for any row
+            # (one row on the host: a batch of one would compile the fused kernels again)
+            lp[i] = token_logprobs_host(logits[i : i + 1], [row.temperature], [tokens[i]])[0].item()
+        return tokens, lp
+
+    def _choose_again(self, row: Row, restricted: torch.Tensor) -> int:
+        """A refused row's token from its restricted logits (V,), with a fresh uniform number."""
+        if row.temperature <= 0:
+            return int(restricted.argmax())
+        u = torch.rand((), generator=row.generator, dtype=torch.float64)[None]
+        temp = torch.tensor([row.temperature], dtype=torch.float32)
+        top_p = torch.tensor([row.top_p], dtype=torch.float32)
+        if self.device_sampling:
+            dev = restricted.device
+            ids = select_device(restricted[None], temp.to(dev), top_p.to(dev), u.to(dev))
+        else:
+            ids = select_host(restricted[None], temp, top_p, u)
+        return int(ids[0])
+
+    def _choose(self, live: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         if self.device_sampling and self.device_logprobs and all(r.temperature <= 0 for r in live):
             # greedy rows draw no uniform numbers (they would ignore them): the general
             # path's numbers, in one kernel
@@ -192,6 +232,10 @@ class Sampler:
             tokens = select_device(logits, temp.to(dev), top_p.to(dev), u.to(dev), self.fast_top_p)
         else:
             tokens = select_host(logits, temp, top_p, u, self.fast_top_p)
+        return tokens.tolist(), self._logprobs(live, logits, tokens)
+
+    def _logprobs(self, live: list[Row], logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+        temp = torch.tensor([r.temperature for r in live], dtype=torch.float32)
         lp = None
         if self.device_logprobs:
             lp = token_logprobs_device(logits, temp.to(logits.device), tokens.to(logits.device))
@@ -199,4 +243,4 @@ class Sampler:
                 lp = None  # replay on the host
         if lp is None:
             lp = token_logprobs_host(logits, temp, tokens)
-        return tokens.tolist(), lp.tolist()
+        return lp.tolist()

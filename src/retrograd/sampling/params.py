@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from retrograd.sampling.grammar import Grammar
 from retrograd.seeds import SAMPLE, derive_seed
 
 FINISH_STOP = "stop"  # an end-of-generation token or a stop string
@@ -15,7 +16,8 @@ class SamplingParams:
     """temperature 0 is greedy. `stop`: strings that end an answer (excluded from its text).
     `stop_ids`: token ids that end it (kept in its ids); None means the tokenizer's
     end-of-generation ids. `seed` seeds answer j through derive_seed(seed, "sample", sample=j)
-    unless a request names its seeds."""
+    unless a request names its seeds. `grammar`: the answer's bytes must follow it
+    (constrain.py); the answer ends once nothing more may follow."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -23,6 +25,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_ids: frozenset[int] | None = None
     seed: int = 0
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         if self.temperature < 0:

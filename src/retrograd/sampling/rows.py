@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from retrograd.sampling.constrain import Constraint
 from retrograd.sampling.params import FINISH_LENGTH, FINISH_STOP, Completion
 from retrograd.sampling.stops import AnswerText
 
@@ -34,6 +35,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     stopped_by: int | str | None = None
+    constraint: Constraint | None = None  # the grammar its text follows, if any
 
     @property
     def remaining(self) -> int:
@@ -42,12 +44,15 @@ class Row:
 
 
 def advance(row: Row, tok: int, logprob: float) -> None:
-    """Append a decided token; set `finish` when it ends the answer."""
+    """Append a decided token; set `finish` when it ends the answer (an ending id, a stop
+    string, a grammar that admits nothing more, the token budget)."""
     row.ids.append(tok)
     row.logprobs.append(logprob)
+    if row.constraint is not None and tok not in row.stop_ids:
+        row.constraint.push(tok)
     if tok in row.stop_ids:
         row.finish, row.stopped_by = FINISH_STOP, tok
-    elif row.text.push(tok):
+    elif row.text.push(tok) or (row.constraint is not None and row.constraint.done):
         row.finish, row.stopped_by = FINISH_STOP, row.text.stopped_by
     elif len(row.ids) >= row.max_new:
         row.finish = FINISH_LENGTH

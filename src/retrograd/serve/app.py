@@ -185,6 +185,7 @@ def _sample_request(loaded, req: proto.ChatRequest, tools) -> SampleRequest:
         stop=proto.stop_strings(req),
         stop_ids=frozenset() if req.ignore_eos else None,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
+        grammar=proto.guided_grammar(req),
     )
     return SampleRequest(tuple(prompt), params)
 

@@ -4,7 +4,9 @@ A request is validated in steps: its JSON nesting depth is bounded (`check_depth
 checks types (strictly: `true` is not a number) and ranges, then `check_supported` refuses,
 with a 400 naming the field, what this server does not do (n > 1, logprobs, penalties, a
 response_format other than text, tool_choice "required" or a named function,
-parallel_tool_calls false beside tools). Messages are converted to the records `ChatFormat`
+parallel_tool_calls false beside tools). vLLM's `guided_json` extension constrains the answer
+to a JSON schema (`guided_grammar` compiles it, refusing what it cannot say with a 400 naming
+the keyword). Messages are converted to the records `ChatFormat`
 renders, in an order training accepts (`to_records`). Nothing here generates.
 """
 
@@ -13,11 +15,13 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections import OrderedDict
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrograd.errors import DataError
+from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
 from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
 
@@ -73,6 +77,7 @@ class ChatRequest(BaseModel):
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     ignore_eos: bool | None = None  # vLLM's extension: end-of-generation ids do not stop
+    guided_json: dict[str, Any] | str | None = None  # vLLM's extension: answer with this schema
 
 
 def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
@@ -132,9 +137,43 @@ def check_supported(req: ChatRequest) -> None:
         refuse("tool_choice", f"tool_choice {json.dumps(req.tool_choice)}")
     if req.tools and req.parallel_tool_calls is False:
         refuse("parallel_tool_calls", "parallel_tool_calls false")
+    if req.guided_json is not None and req.tools and req.tool_choice != "none":
+        refuse("guided_json", "guided_json beside tools")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > 4:
         raise ApiError(400, "stop: at most 4 stop strings", "stop", "invalid_value")
+
+
+_GRAMMARS: OrderedDict[str, Grammar] = OrderedDict()  # compiled schemas, most recent last
+MAX_GRAMMARS = 32
+
+
+def guided_grammar(req: ChatRequest) -> Grammar | None:
+    """The grammar of the request's guided_json schema (an object, or its JSON text), compiled
+    once per schema text; None without one."""
+    schema = req.guided_json
+    if schema is None:
+        return None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ApiError(
+                400, f"guided_json: not JSON ({e})", "guided_json", "invalid_value"
+            ) from None
+    key = json.dumps(schema, sort_keys=True)
+    grammar = _GRAMMARS.get(key)
+    if grammar is None:
+        try:
+            grammar = json_schema_grammar(schema)
+        except SchemaError as e:
+            message = str(e).replace("schema", "guided_json", 1)
+            raise ApiError(400, message, "guided_json", "invalid_value") from None
+        _GRAMMARS[key] = grammar
+        if len(_GRAMMARS) > MAX_GRAMMARS:
+            _GRAMMARS.popitem(last=False)
+    _GRAMMARS.move_to_end(key)
+    return grammar
 
 
 def stop_strings(req: ChatRequest) -> tuple[str, ...]:

@@ -6,7 +6,8 @@ answer), each retry after 0.1 * 2**attempt seconds. Timeouts, lost connections, 
 replies that hold no JSON and replies `validate` refuses are retried; any other 4xx (a bad key,
 an unknown model) is not, since asking again cannot help. An endpoint that refuses response
 formats with a 400 (`retrograd serve` does) is asked again without them, from then on: the
-prompt spells out the schema itself. When the tries run out it raises JudgeError.
+prompt spells out the schema itself, and the schema goes as vLLM's `guided_json` extension
+(which `retrograd serve` follows with constrained decoding) unless that is refused too. When the tries run out it raises JudgeError.
 `complete_text` asks for prose at temperature 0 (compaction summaries).
 
 The client knows nothing about rubrics, strategies or what a verdict means: `validate` turns a
@@ -71,6 +72,7 @@ class JudgeClient:
         self.key_hint = key_hint  # added to a 401: where the key came from
         self.stats = ClientStats()
         self.plain = False  # set when the endpoint refuses response formats
+        self.guided = True  # in plain mode: send the schema as guided_json until refused
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _bind(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
@@ -113,7 +115,7 @@ class JudgeClient:
             return obj, validate(obj)
 
         obj, value = await self._ask(
-            prompt, self.temperature, accept, strict, {"type": "json_object"}
+            prompt, self.temperature, accept, strict, {"type": "json_object"}, schema
         )
         if self.cache is not None:
             self.cache.put(key, scores=obj)
@@ -144,6 +146,7 @@ class JudgeClient:
         accept: Callable[[str], tuple[Any, Any]],
         first_format: dict | None,
         retry_format: dict | None,
+        schema: dict | None = None,
     ) -> tuple[Any, Any]:
         api, gate = self._bind()
         failures: list[str] = []
@@ -159,16 +162,21 @@ class JudgeClient:
             response_format = first_format if attempt == 0 else retry_format
             if response_format is not None and not self.plain:
                 request["response_format"] = response_format
+            elif schema is not None and self.plain and self.guided:
+                request["extra_body"] = {"guided_json": schema}
             if temperature is not None:
                 request["temperature"] = temperature
             try:
                 text = await self._post(api, gate, request)
                 return accept(text)
             except Refused as e:
-                if "response_format" in request and _refuses_format(e.__cause__):
+                if "response_format" in request and _refuses_field(e.__cause__, "response_format"):
                     # The prompt itself asks for the schema: go on without response formats
                     # (as `retrograd serve` and other plain endpoints need), not counted a try.
                     self.plain = True
+                    continue
+                if "extra_body" in request and _refuses_field(e.__cause__, "guided_json"):
+                    self.guided = False  # nor guided_json: the prompt alone asks
                     continue
                 failures.append(str(e))
                 break
@@ -212,13 +220,11 @@ class JudgeClient:
         return stats
 
 
-def _refuses_format(error: BaseException | None) -> bool:
-    """A 400 that names response_format: the endpoint does no structured output."""
+def _refuses_field(error: BaseException | None, field: str) -> bool:
+    """A 400 that names `field`."""
     if not isinstance(error, openai.APIStatusError) or error.status_code != 400:
         return False
-    return getattr(error, "param", None) == "response_format" or "response_format" in str(
-        error.message
-    )
+    return getattr(error, "param", None) == field or field in str(error.message)
 
 
 def _describe(error: Exception) -> str:

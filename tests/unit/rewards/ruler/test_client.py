@@ -176,6 +176,21 @@ def test_an_endpoint_without_response_formats_is_asked_plainly_from_then_on():
     assert "response_format" in api.requests[0]
     assert all("response_format" not in body for body in api.requests[1:])
     assert (judge.stats.requests, judge.stats.retries) == (3, 0)
+    # the schema goes as vLLM's guided_json instead (retrograd serve decodes under it)
+    schema = api.requests[0]["response_format"]["json_schema"]["schema"]
+    assert all(body["guided_json"] == schema for body in api.requests[1:])
+
+
+def test_an_endpoint_refusing_guided_json_too_gets_the_prompt_alone():
+    refusals = [
+        status(400, "response_format: response_format type 'json_schema' is not supported"),
+        status(400, "guided_json: unknown field"),
+    ]
+    with scripted_openai([*refusals, reply(GOOD), reply(GOOD)]) as api:
+        judge = client(api, max_retries=0)
+        assert ask(judge) == "b" and ask(judge, "again?") == "b"
+    assert "guided_json" in api.requests[1]
+    assert all("guided_json" not in b and "response_format" not in b for b in api.requests[2:])
 
 
 def test_a_killed_writer_leaves_a_readable_cache(tmp_path):

@@ -1,0 +1,188 @@
+"""JSON-schema grammars: what they accept and refuse, checked against `json` and `jsonschema`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from retrograd.rewards.ruler.prompt import LISTWISE_SCHEMA, PAIRWISE_SCHEMA
+from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 5},
+        "tags": {"type": "array", "items": {"enum": ["x", "y", 3, None]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer"},
+        "child": {"$ref": "#/$defs/node"},
+        "either": {"anyOf": [{"type": "null"}, {"type": "number"}]},
+    },
+    "required": ["name", "ok"],
+    "additionalProperties": False,
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"v": {"const": "leaf"}, "next": {"$ref": "#/$defs/node"}},
+            "required": ["v"],
+        }
+    },
+}
+
+
+def accepts(g: Grammar, text: str) -> bool:
+    return Grammar.accepts(g.feed(g.start, text.encode()))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"scores": []},
+        {"scores": [{"trajectory_id": 0, "explanation": "fine", "score": 1}]},
+        {"scores": [{"trajectory_id": 12, "explanation": 'a "quote" é\n', "score": 0.25}]},
+        {
+            "scores": [
+                {"trajectory_id": 1, "explanation": "", "score": 0},
+                {"trajectory_id": 2, "explanation": "\\", "score": 1.0},
+            ]
+        },
+    ],
+)
+@pytest.mark.parametrize("indent", [None, 0, 2, "\t"])
+def test_listwise_replies_are_accepted(doc, indent):
+    g = json_schema_grammar(LISTWISE_SCHEMA)
+    assert accepts(g, json.dumps(doc, indent=indent, ensure_ascii=False))
+    assert accepts(g, json.dumps(doc, separators=(",", ":")))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"scores": [{"trajectory_id": 0, "score": 1, "explanation": "x"}]}',  # order
+        '{"scores": [{"trajectory_id": 0, "explanation": "x"}]}',  # missing
+        '{"scores": [{"trajectory_id": -1, "explanation": "x", "score": 1}]}',  # minimum 0
+        '{"scores": [{"trajectory_id": 0, "explanation": "x", "score": 1.5}]}',  # maximum 1
+        '{"scores": [{"trajectory_id": 0, "explanation": "x", "score": 2}]}',
+        '{"scores": [{"trajectory_id": 0.5, "explanation": "x", "score": 1}]}',  # integer
+        '{"scores": [], "extra": 1}',  # additionalProperties false
+        '{"scores": [{"trajectory_id": 0, "explanation": "a\nb", "score": 1}]}',  # raw newline
+        '{"scores": [{"trajectory_id": 01, "explanation": "x", "score": 1}]}',  # leading zero
+        '{"scores": []} ',  # nothing after the value
+        ' {"scores": []}',  # nor before
+        '{"scores":' + " " * 30 + "[]}",  # unbounded whitespace
+    ],
+)
+def test_listwise_violations_are_refused(text):
+    assert not accepts(json_schema_grammar(LISTWISE_SCHEMA), text)
+
+
+def test_pairwise_enum_and_nested_schema():
+    g = json_schema_grammar(PAIRWISE_SCHEMA)
+    assert accepts(g, '{"winner": "tie", "explanation": "same"}')
+    assert not accepts(g, '{"winner": "c", "explanation": "same"}')
+    g = json_schema_grammar(NESTED)
+    good = {
+        "name": "ab",
+        "ok": True,
+        "tags": ["x", 3, None],
+        "n": -7,
+        "child": {"v": "leaf", "next": {"v": "leaf"}},
+        "either": -1.5e10,
+    }
+    assert accepts(g, json.dumps(good))
+    assert accepts(g, json.dumps({"name": "a", "ok": False}))
+    assert accepts(g, json.dumps({"name": "a", "ok": False, "either": None}))
+    for bad in (
+        {"name": "", "ok": True},  # minLength
+        {"name": "abcdef", "ok": True},  # maxLength
+        {"name": "a", "ok": True, "tags": ["x", "x", "x", "x"]},  # maxItems
+        {"name": "a", "ok": True, "child": {"v": "other"}},  # const
+        {"name": "a"},  # required
+    ):
+        assert not accepts(g, json.dumps(bad)), bad
+
+
+def test_json_object_admits_any_object():
+    g = json_schema_grammar(None)
+    rng = random.Random(0)
+    for _ in range(50):
+        doc = {f"k{i}": _random_value(rng, 3) for i in range(rng.randint(0, 4))}
+        assert accepts(g, json.dumps(doc, ensure_ascii=False)), doc
+    assert not accepts(g, "[1, 2]")
+    assert not accepts(g, '"text"')
+
+
+def _random_value(rng: random.Random, depth: int):
+    kinds = ["int", "float", "str", "bool", "null"] + (["list", "dict"] if depth else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randint(-(10**6), 10**6)
+    if kind == "float":
+        return round(rng.uniform(-100, 100), 4)
+    if kind == "str":
+        return "".join(rng.choice('ab "\\\né/\t') for _ in range(rng.randint(0, 6)))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [_random_value(rng, depth - 1) for _ in range(rng.randint(0, 3))]
+    return {f"k{i}": _random_value(rng, depth - 1) for i in range(rng.randint(0, 3))}
+
+
+@pytest.mark.parametrize("schema", [LISTWISE_SCHEMA, PAIRWISE_SCHEMA, NESTED, None])
+def test_random_walks_give_valid_documents(schema):
+    """Walk the grammar byte by byte at random (closing brackets and quotes preferred once the
+    text is long) to its end: every document it finishes parses and validates."""
+    g = json_schema_grammar(schema)
+    rng = random.Random(1)
+    finished = 0
+    for _ in range(60):
+        state, out = g.start, bytearray()
+        while not Grammar.done(state) and len(out) < 600:
+            allowed = sorted(g.next_bytes(state))
+            if Grammar.accepts(state) and rng.random() < 0.5:
+                break
+            closing = [b for b in allowed if b in b'}]"']
+            pick = rng.choice(closing if closing and len(out) > 80 else allowed)
+            state = g.step(state, pick)
+            out.append(pick)
+        if not Grammar.accepts(state):
+            continue
+        finished += 1
+        doc = json.loads(out.decode("utf-8", "replace"))
+        jsonschema.validate(doc, schema or {"type": "object"})
+    assert finished >= 20
+
+
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "string", "pattern": "a+"}, "schema.pattern"),
+        ({"type": "object", "properties": {"a": {"not": {}}}}, "schema.properties.a.not"),
+        ({"$ref": "#/$defs/missing"}, "schema.$ref"),
+        ({"$ref": "http://example.com/s.json"}, "schema.$ref"),
+        ({"type": "object", "properties": {}, "required": ["a"]}, "schema.required"),
+        ({"type": "strin"}, "schema.type"),
+        ({"type": "array", "minItems": 3, "maxItems": 2}, "schema.maxItems"),
+        ({"allOf": [{}, {}]}, "schema.allOf"),
+    ],
+)
+def test_unsupported_schemas_are_refused_by_place(schema, where):
+    with pytest.raises(SchemaError, match=f"^{where.replace('$', '[$]')}"):
+        json_schema_grammar(schema)
+
+
+def test_states_are_shared_inside_strings():
+    """A string's characters loop on one state: memoized steps, and a plain-loop state."""
+    from retrograd.sampling.grammar import STRING_BYTE
+
+    g = json_schema_grammar(PAIRWISE_SCHEMA)
+    state = g.feed(g.start, b'{"winner": "a", "explanation": "')
+    assert g.plain_loop(state, STRING_BYTE)
+    assert g.feed(state, "some text, é!".encode()) == state
+    assert not g.plain_loop(g.start, STRING_BYTE)
+    assert Grammar.done(g.feed(state, b'"}'))
