@@ -164,3 +164,38 @@ def report_rewards(rewards: list[float], pos, patience, result, sinks, seconds: 
         improved,
     )
     return improved
+
+
+EVALUATE = "evaluate"  # the seed purpose of held-out answers (seeds.derive_seed)
+
+
+def held_out_rewards(sampler, program, prompts, sampling, temperature=None, top_p=None):
+    """A rollout loop's held-out rewards (GRPO, PPO, `bench`): one answer per prompt, with
+    seeds fixed for the run (the same adapter scores the same), through the reward program
+    without a judge. `sampling` is a [grpo.sampling]-shaped section; temperature and top_p
+    default to its own. -> (rewards, answers)."""
+    from retrograd.rewards.program import RewardRequest
+    from retrograd.sampling.params import SampleRequest, SamplingParams
+    from retrograd.seeds import derive_seed
+
+    params = SamplingParams(
+        sampling.temperature if temperature is None else temperature,
+        sampling.top_p if top_p is None else top_p,
+        sampling.max_new_tokens,
+    )
+    requests = [
+        SampleRequest(p.ids, params, seeds=(derive_seed(sampling.seed, EVALUATE, 0, i),))
+        for i, p in enumerate(prompts)
+    ]
+    answers = [a for [a] in sampler.generate(requests)]
+    replies = program.score(
+        [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
+    )
+    return [r.reward for r in replies], answers
+
+
+def first_last(values: list[float]) -> str:
+    """The summary's "first -> last update" of a rollout loop's mean rewards."""
+    if not values:
+        return "no update ran"
+    return f"{values[0]:.4f} -> {values[-1]:.4f}"

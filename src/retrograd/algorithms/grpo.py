@@ -34,7 +34,12 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, outputs, persist
-from retrograd.algorithms.evaluate import Patience, report_rewards
+from retrograd.algorithms.evaluate import (
+    Patience,
+    first_last,
+    held_out_rewards,
+    report_rewards,
+)
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.prompts import read_prompts, render_prompts
@@ -56,12 +61,9 @@ from retrograd.rollout.shaping import (
     zero_signal,
 )
 from retrograd.sampling import Sampler
-from retrograd.sampling.params import SampleRequest, SamplingParams
-from retrograd.seeds import derive_seed
 from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
-EVALUATE = "evaluate"  # seeds of held-out answers
 # [grpo] keys that change no step: a resumed run may change them
 _NOT_TRAJECTORY = {
     "prompts",
@@ -290,7 +292,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     sinks.finish(
         {
             "adapter": str(result.output),
-            "mean reward, first -> last update": _first_last(result.rewards),
+            "mean reward, first -> last update": first_last(result.rewards),
             "stopped early": result.stopped or "no",
         }
     )
@@ -502,25 +504,8 @@ def _evaluate_now(cfg, update: int) -> bool:
 
 
 def _evaluate(cfg, sampler, program, held, pos, patience, result, sinks) -> bool:
-    """Mean reward of one answer per held-out prompt (seeds fixed for the run, so that the
-    same adapter scores the same), through the reward program without a judge."""
+    """Mean reward of one answer per held-out prompt (evaluate.held_out_rewards)."""
     t0 = time.perf_counter()
-    g = cfg.grpo
     prompts = held_out(held, cfg.evaluation.max_examples)
-    params = SamplingParams(1.0, 1.0, g.sampling.max_new_tokens)
-    requests = [
-        SampleRequest(p.ids, params, seeds=(derive_seed(g.sampling.seed, EVALUATE, 0, i),))
-        for i, p in enumerate(prompts)
-    ]
-    answers = [a for [a] in sampler.generate(requests)]
-    replies = program.score(
-        [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
-    )
-    rewards = [r.reward for r in replies]
+    rewards, _ = held_out_rewards(sampler, program, prompts, cfg.grpo.sampling)
     return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
-
-
-def _first_last(values: list[float]) -> str:
-    if not values:
-        return "no update ran"
-    return f"{values[0]:.4f} -> {values[-1]:.4f}"

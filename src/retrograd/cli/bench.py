@@ -1,10 +1,10 @@
 """Evaluate without training: loss and perplexity on assistant tokens (sft runs), or the
-reward distribution of generated answers (grpo runs).
+reward distribution of generated answers (ppo and grpo runs).
 
 Without --adapter it measures the base model; with it, the base model and the adapter on the
-same examples, side by side. --data defaults to [evaluation].data. For grpo, one answer per
-prompt is sampled as the run samples ([grpo.sampling], fixed seeds: the base model and the
-adapter answer with the same random numbers) and scored by the run's reward program; the
+same examples, side by side. --data defaults to [evaluation].data. For ppo and grpo, one
+answer per prompt is sampled as the run samples ([ppo.sampling] or [grpo.sampling], fixed
+seeds: the base model and the adapter answer with the same random numbers) and scored by the run's reward program; the
 table gives mean, standard deviation, quartiles and the share of answers above 0.
 
 Scores in float32, whatever the device's fast dtype: the model's logits equal llama.cpp's on
@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
 
     cfg = load_run(args.config, model=args.model, device=args.device)
-    if cfg.run.algorithm not in ("sft", "grpo", "distill"):
+    if cfg.run.algorithm not in ("sft", "ppo", "grpo", "distill"):
         raise ConfigError(
             f"{args.config}: bench for [run].algorithm = {cfg.run.algorithm!r} "
-            "is not available in this version (sft, grpo and distill are)"
+            "is not available in this version (sft, ppo, grpo and distill are)"
         )
     data = args.data or (str(cfg.evaluation.data) if cfg.evaluation else None)
     if data is None and cfg.run.algorithm == "distill" and cfg.distill.mode == "topk_offline":
@@ -66,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--limit {args.limit}: must be at least 1")
     if args.ctx is not None and args.ctx < 2:
         raise ConfigError(f"--ctx {args.ctx}: must be at least 2")
-    if cfg.run.algorithm in ("grpo", "distill"):
+    if cfg.run.algorithm in ("ppo", "grpo", "distill"):
         if args.format not in (None, "auto", "jsonl"):
             raise ConfigError(f"--format {args.format}: {cfg.run.algorithm} data is chat JSONL")
-    if cfg.run.algorithm == "grpo":
+    if cfg.run.algorithm in ("ppo", "grpo"):
         return bench_rewards(cfg, data, args)
     if cfg.run.algorithm == "distill":
         return bench_distill(cfg, data, args)
@@ -81,16 +81,15 @@ def bench_rewards(cfg, data: str, args) -> int:
     import numpy as np
 
     from retrograd.algorithms import context
-    from retrograd.algorithms.grpo import EVALUATE
+    from retrograd.algorithms.evaluate import held_out_rewards
     from retrograd.data.prompts import read_prompts, render_prompts
-    from retrograd.rewards.program import RewardRequest, reward_program
+    from retrograd.rewards.program import reward_program
     from retrograd.sampling import Sampler
-    from retrograd.sampling.params import SampleRequest, SamplingParams
-    from retrograd.seeds import derive_seed
     from retrograd.trainable.lora import apply_adapter_file
 
     con = Console()
-    g, ctx = cfg.grpo, args.ctx or cfg.training.ctx
+    algorithm = cfg.run.algorithm
+    g, ctx = getattr(cfg, algorithm), args.ctx or cfg.training.ctx
     lines = read_prompts(data, "--data" if args.data else "[evaluation].data")
     model = context.load_model(cfg)
     con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
@@ -99,13 +98,8 @@ def bench_rewards(cfg, data: str, args) -> int:
     sampler = Sampler(
         model.decoder, model.tokenizer, fast=cfg.training.fast_sampling_context, max_len=ctx
     )
-    params = SamplingParams(g.sampling.temperature, g.sampling.top_p, g.sampling.max_new_tokens)
-    requests = [
-        SampleRequest(p.ids, params, seeds=(derive_seed(g.sampling.seed, EVALUATE, 0, i),))
-        for i, p in enumerate(prompts)
-    ]
     adapters = apply_adapter_file(model.decoder, args.adapter) if args.adapter else {}
-    table = Table(title="grpo bench (one sampled answer per prompt)", title_justify="left")
+    table = Table(title=f"{algorithm} bench (one sampled answer per prompt)", title_justify="left")
     for col in (
         "model",
         "mean",
@@ -120,16 +114,13 @@ def bench_rewards(cfg, data: str, args) -> int:
         "seconds",
     ):
         table.add_column(col, justify="left" if col == "model" else "right")
-    with reward_program(g, "[grpo]") as program:
+    with reward_program(g, f"[{algorithm}]") as program:
         for label, enabled in [("base", False)] + ([(args.adapter, True)] if args.adapter else []):
             for lo in adapters.values():
                 lo.enabled = enabled
             t = time.perf_counter()
-            answers = [a for [a] in sampler.generate(requests)]
-            replies = program.score(
-                [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
-            )
-            r = np.array([x.reward for x in replies])
+            rewards, answers = held_out_rewards(sampler, program, prompts, g.sampling)
+            r = np.array(rewards)
             q = np.quantile(r, [0.25, 0.5, 0.75])
             table.add_row(
                 str(label),

@@ -25,6 +25,12 @@ def _sft():
     return run_sft
 
 
+def _ppo():
+    from retrograd.algorithms.ppo import run_ppo
+
+    return run_ppo
+
+
 def _grpo():
     from retrograd.algorithms.grpo import run_grpo
 
@@ -52,6 +58,7 @@ def _agent_grpo():
 # [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
 LOOPS = {
     "sft": _sft,
+    "ppo": _ppo,
     "grpo": _grpo,
     "preference": _preference,
     "distill": _distill,

@@ -46,22 +46,14 @@ def _entry(kind: str, column: str = "") -> Availability:
 
 YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
-_LATER_ALGORITHM = {"ppo": _entry(LATER, "with ppo: `train` refuses ppo until its loop lands")}
-_GRPO_TOO = (
-    "refused for sft; honoured by grpo and agent_grpo; {} reads it, refused by `train` until it "
-    "lands"
-)
-_ROLLOUTS = (
-    "refused for sft; honoured by grpo, on-policy distill and agent_grpo; {} reads it, refused "
-    "by `train` until it lands"
-)
+_LATER_ALGORITHM: dict[str, Availability] = {}
+_ROLLOUTS = "refused for sft; honoured by ppo, grpo, on-policy distill and agent_grpo"
 
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
     ("run", "algorithm"): _entry(
         HONOURED,
-        "sft, grpo, preference, distill and agent_grpo train; `train` refuses ppo until its "
-        "loop lands",
+        "sft, ppo, grpo, preference, distill and agent_grpo train",
     ),
     ("run", "verbose"): _entry(HONOURED, "honoured: extra lines on stderr"),
     ("model", "path"): YES,
@@ -114,22 +106,24 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "threads"): _entry(
         HONOURED, "honoured by train, bench, chat and serve (RETRO_THREADS overrides it)"
     ),
-    ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS.format("ppo")),
+    ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; with grpo, on-policy distill and agent_grpo `train` refuses it (not "
+        "refused for sft; with ppo, grpo, on-policy distill and agent_grpo `train` refuses it (not "
         "available in this version: prompts prefill in chunks of 512 tokens)",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,
-        "refused for sft; grpo, on-policy distill and agent_grpo honour auto (a group's answers scored "
-        "after one pass over their prompt, as many as fit micro_batch) and off, and `train` "
+        "refused for sft; ppo, grpo, on-policy distill and agent_grpo honour auto (a group's "
+        "answers scored after one pass over their prompt, as many as fit micro_batch; ppo "
+        "samples one answer a prompt, so rows) and off, and `train` "
         "refuses max and numbers (not available in this version); preference honours auto, "
         "off, max and 2 "
         "(a pair's two answers after one prompt pass; more than 2 refused)",
     ),
     ("training", "fast_sampling_context"): _entry(
-        ELSEWHERE, "read by grpo, on-policy distill, chat and serve; an sft run samples nothing"
+        ELSEWHERE,
+        "read by ppo, grpo, on-policy distill, chat and serve; an sft run samples nothing",
     ),
     ("training", "kv_dtype"): _entry(
         HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
@@ -164,18 +158,19 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("evaluation", "data"): YES,
     ("evaluation", "every_iterations"): YES,
-    ("evaluation", "max_examples"): _entry(NOT_READ, _ROLLOUTS.format("ppo")),
+    ("evaluation", "max_examples"): _entry(NOT_READ, _ROLLOUTS),
     ("evaluation", "patience"): YES,
     ("evaluation", "min_delta"): YES,
     ("checkpoint", "*"): YES,
     ("metrics", "*"): YES,
-    ("observe", "*"): _entry(NOT_READ, _GRPO_TOO.format("ppo")),
+    ("observe", "*"): _entry(NOT_READ, "refused for sft; honoured by ppo, grpo and agent_grpo"),
     ("reference", "*"): _entry(
         NOT_READ,
         "refused for sft; honoured by grpo, on-policy distill and agent_grpo (KL penalty) and "
         "by preference (dpo and ipo)",
     ),
     ("sft", "*"): YES,
+    ("ppo", "*"): _entry(HONOURED, "honoured by ppo"),
     ("grpo", "*"): _entry(HONOURED, "honoured by grpo"),
     ("preference", "*"): _entry(HONOURED, "honoured by preference"),
     ("distill", "*"): _entry(HONOURED, "honoured by distill (both modes)"),

@@ -72,13 +72,16 @@ def sequence_logprobs(
     tiles: int = 8,
     seq_chunk: int = 512,
     head_dtype: torch.dtype | None = torch.float32,
+    hidden: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """rows: (ids, first) pairs -> per row, the log-probabilities (len(ids) - first,) float32
     of ids[first:] each given the ids before it, in one forward over the rows.
 
     Rows of different lengths are right-padded: attention is causal, so no real position sees
     a padding one and nothing is masked; padded positions are not scored. Differentiable when
-    grad is enabled. `first` >= 1 (the first id has no prediction)."""
+    grad is enabled. `first` >= 1 (the first id has no prediction). `hidden`, a list, receives
+    per row the final hidden states (len(ids) - first, n_embd) of the scored positions,
+    detached (the features of PPO's value head)."""
     dev = decoder.device
     width = max(len(ids) for ids, _ in rows)
     batch = torch.zeros(len(rows), width, dtype=torch.long, device=dev)
@@ -103,7 +106,10 @@ def sequence_logprobs(
         seq_chunk=seq_chunk,
         head_dtype=head_dtype,
     )
-    return list(lp.split([len(ids) - first for ids, first in rows]))
+    sizes = [len(ids) - first for ids, first in rows]
+    if hidden is not None:
+        hidden.extend(h[row_idx, pos].detach().split(sizes))
+    return list(lp.split(sizes))
 
 
 def _plain_nll(decoder: Decoder, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -238,11 +244,12 @@ def shared_prefix_logprobs(
     tiles: int = 8,
     seq_chunk: int = 512,
     head_dtype: torch.dtype | None = torch.float32,
+    hidden: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """sequence_logprobs of rows prompt + answer, with the prompt run once (formats.md §8.2,
     shared_prefix_fanout): a pass over the prompt, then one over the answers (right-padded)
     attending to its keys and values. The same values and gradients as the rows, up to the
-    order of float sums (tests/unit/model/test_logprobs.py)."""
+    order of float sums (tests/unit/model/test_logprobs.py); `hidden` as there."""
     dev = decoder.device
     cache = _SharedPrefix()
     hp = decoder(torch.tensor([prompt], device=dev), cache=cache)[0]  # (P, n_embd)
@@ -264,7 +271,10 @@ def shared_prefix_logprobs(
         seq_chunk=seq_chunk,
         head_dtype=head_dtype,
     )
-    return list(lp.split([len(a) for a in answers]))
+    sizes = [len(a) for a in answers]
+    if hidden is not None:
+        hidden.extend(hs.detach().split(sizes))
+    return list(lp.split(sizes))
 
 
 def ids_logprobs(

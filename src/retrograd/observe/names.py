@@ -52,6 +52,11 @@ EVAL_MEAN_REWARD = "eval/mean_reward"
 EVAL_REWARD_MIN = "eval/reward_min"
 EVAL_REWARD_MAX = "eval/reward_max"
 
+# PPO (formats.md §7.2): the reward, policy and evaluation names above, and with the critic on
+# the value head's loss (mean over its value_epochs passes) and its stored features' size.
+VALUE_LOSS = "policy/value_loss"
+FEATURE_MIB = "critic/feature_mib"
+
 # Preference (formats.md §7.2): means over the step's pairs. chosen_logps / rejected_logps are
 # summed log-probabilities of the answers' written tokens (nats); rewards, margin and accuracy
 # as losses/preference.py defines them per loss; nll, log_odds and orpo_clamped for orpo only.

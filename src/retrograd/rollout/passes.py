@@ -73,12 +73,16 @@ def row_passes(trained: list[Rollout], budget: int) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
-def score(decoder, trained: list[Rollout], piece: Piece, training) -> list[torch.Tensor]:
-    """Per-token log-probabilities of the piece's answers (differentiable under grad)."""
+def score(
+    decoder, trained: list[Rollout], piece: Piece, training, hidden: list | None = None
+) -> list[torch.Tensor]:
+    """Per-token log-probabilities of the piece's answers (differentiable under grad); `hidden`,
+    a list, receives each answer's final hidden states at its scored positions, detached."""
     opts = {
         "chunked": training.chunked_cross_entropy,
         "tiles": training.chunked_ce_tiles,
         "seq_chunk": training.chunked_ce_seq_chunk,
+        "hidden": hidden,
     }
     answers = [trained[i] for i in piece.members]
     if piece.shared:

@@ -1,0 +1,407 @@
+"""PPO: proximal policy optimisation of a LoRA adapter, scored by a reward program, with an
+optional value head (critic) and GAE advantages.
+
+Each update: 1. draw rollout_batch_size prompts, one answer each  2. reward them in one batch
+3. score them (old log-probabilities, and the critic's features)  4. advantages  5. ppo_epochs
+optimizer passes  6. value_epochs passes of the value head  7. report, observe, evaluate,
+checkpoint. The variant (losses/policy.py and losses/value.py say the formulas):
+- the loss is the clipped surrogate with one clip range (clip_range on both sides), per-token
+  advantages, averaged over the update's tokens (token mean), plus kl_coefficient times the k3
+  estimate of KL toward the policy that sampled the batch (spec: not toward [reference]; the
+  first pass's term is 0, later passes hold the policy near the sampler), not a per-token
+  reward penalty as in TRL's PPO;
+- critic on: a linear value head on the model's final hidden states, read from features stored
+  at feature_dtype by the scoring pass (it never back-propagates into the model); the reward
+  is on the answer's last token, advantages by GAE (gamma, gae_lambda) with V = 0 after it,
+  whitened over the update's tokens; the head then trains value_epochs full-batch AdamW steps
+  (value_lr) toward the returns Â + V_old. Critic off: every token's advantage is its answer's
+  reward, whitened over the update's tokens (a batch-mean baseline, no second forward);
+- a batch whose advantages are all equal has no signal: no policy step (the head still trains);
+- log-probabilities are at temperature 1 whatever [ppo.sampling] says: temperature and top_p
+  shape what is sampled, the ratio compares the policy with itself before the update;
+- every random choice is a pure function of the run's seeds: prompts in file order, answer
+  seeds derive_seed([ppo.sampling].seed, "sample", update, prompt cursor, 0); resume needs the
+  update, the cursor and the value head (weights and optimizer), all in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms.evaluate import Patience, first_last, held_out_rewards, report_rewards
+from retrograd.algorithms.step import checked_step
+from retrograd.checkpoint import DatasetPosition
+from retrograd.data.prompts import read_prompts, render_prompts
+from retrograd.errors import TrainingError
+from retrograd.losses.policy import policy_loss
+from retrograd.losses.value import gae, value_loss, whiten
+from retrograd.observe import names
+from retrograd.observe.rollouts import ObserveWriter
+from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rollout.passes import fanout, padded, pieces, score
+from retrograd.rollout.records import Rollout
+from retrograd.rollout.sample import PromptStream, held_out, sample_groups
+from retrograd.sampling import Sampler
+from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+from retrograd.trainable.value_head import FEATURE_DTYPES, ValueHead
+
+log = logging.getLogger(__name__)
+VALUE_HEAD = "value-head.pt"  # the checkpoint artifact of the critic
+# [ppo] keys that change no step: a resumed run may change them
+_NOT_TRAJECTORY = {"prompts", "reward_command", "reward_mode", "reward_timeout_seconds"}
+
+
+@dataclass
+class Position:
+    """Where the loop is between two updates: resume continues from exactly here."""
+
+    update: int = 0  # completed updates
+    cursor: int = 0  # prompts drawn so far
+    global_step: int = 0
+
+    def mark(self, critic: ValueHead | None) -> persist.Mark:
+        return persist.Mark(
+            self.global_step,
+            update=self.update,
+            dataset=DatasetPosition(0, self.cursor, {"update": self.update}),
+            artifacts={VALUE_HEAD: critic.state_bytes} if critic is not None else {},
+        )
+
+
+@dataclass
+class PPOResult:
+    output: Path
+    updates: int
+    global_step: int
+    stopped: str | None  # why the run stopped before its last update, if it did
+    seconds: float
+    rewards: list[float] = field(default_factory=list)  # mean reward of each update
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    best_eval: float | None = None
+
+
+def total_steps(cfg) -> int:
+    return cfg.ppo.updates * cfg.ppo.ppo_epochs
+
+
+def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
+    started = time.perf_counter()
+    p, training = cfg.ppo, cfg.training
+    # 1. build: everything that can be checked is checked before the model loads
+    context.check_rollout_keys(training, "ppo")
+    check_mode(training.trainable)
+    outputs.check_outputs(cfg, run_file)
+    prompt_file = read_prompts(p.prompts, "[ppo].prompts")
+    held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
+    model = context.load_model(cfg)
+    context.preflight_check(model, training, getattr(sinks, "console", None))
+    context.apply_memory_knobs(model, training)
+    chat = context.chat_format(model)
+    prompts = render_prompts(prompt_file, chat, training.ctx)
+    held = render_prompts(held_file, chat, training.ctx) if held_file else None
+    init = cfg.lora.init_adapter if cfg.lora else None
+    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
+    named = trained_parameters(adapters)
+    params = [q for _, q in named]
+    optimizer = build_optimizer(params, training, cfg.optimizer)
+    rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
+    critic = ValueHead(model.config.n_embd, p.critic.value_lr) if p.critic.enabled else None
+    sampler = Sampler(
+        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
+    )
+    stream = PromptStream(prompts, "sequential", p.sampling.seed)
+    settings = {
+        "ppo": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
+        "fast_sampling_context": training.fast_sampling_context,
+    }
+    fingerprints = {
+        "prompts": prompt_file.fingerprint,
+        "eval": held_file.fingerprint if held_file else None,
+    }
+    run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
+    sinks = sinks or persist.Sinks.quiet()
+
+    # 2. resume
+    pos = Position()
+    patience = Patience(  # on the negated mean reward: lower is better, as for a loss
+        cfg.evaluation.patience if cfg.evaluation else None,
+        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
+    )
+    found = persist.find_resume(cfg, resume)
+    if found is not None:
+        state = persist.restore(found, run, named, optimizer, patience)
+        pos = Position(state.progress.update, state.dataset.index, state.global_step)
+        if critic is not None:
+            critic.load_bytes(state.artifacts[VALUE_HEAD])
+    sinks.start(
+        cfg,
+        model,
+        plan,
+        p.updates,
+        data=(prompt_file.path, f"{prompt_file.path.name}: {len(prompts)} prompts"),
+        held=(held_file.path, f"{held_file.path.name}: {len(held)} prompts") if held else None,
+        iterations=p.updates,
+        initial_step=pos.global_step,
+        unit="update",
+        initial_position=pos.update,
+    )
+    if found is not None:
+        sinks.resumed(found[1], pos.global_step)
+    result = PPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
+    observe = ObserveWriter.open(
+        cfg.observe,
+        algorithm="ppo",
+        model=cfg.model.path,
+        params=settings,
+        resumed_from_update=pos.update if found is not None else None,
+        console=getattr(sinks, "console", None),
+    )
+    program = reward_program(p, "[ppo]")
+    try:
+        # 3. updates
+        for update in range(pos.update + 1, p.updates + 1):
+            t0 = time.perf_counter()
+            # 3a. sample: one answer to each of the next rollout_batch_size prompts
+            t = cfg.training
+            concurrency = t.generation_concurrency or min(p.rollout_batch_size, t.ctx, 256)
+            batch = stream.draw(pos.cursor, p.rollout_batch_size)
+            groups = sample_groups(
+                sampler, batch, update, 0, size=1, sampling=p.sampling, concurrency=concurrency
+            )
+            answers = [g.members[0] for g in groups]
+            t1 = time.perf_counter()
+            # 3b. rewards: one batch of the reward program (formats.md §2.4)
+            replies = program.score([RewardRequest(r.prompt.text, r.text) for r in answers])
+            for r, reply in zip(answers, replies, strict=True):
+                r.reward_raw = reply.reward
+            values = {
+                names.GENERATION_SECONDS: t1 - t0,
+                names.REWARD_SECONDS: time.perf_counter() - t1,
+            }
+            # 3c-d. scores and advantages
+            t1 = time.perf_counter()
+            features = _score_features(cfg, model.decoder, answers) if critic else None
+            returns = _advantages(cfg, answers, critic, features)
+            values[names.SCORING_SECONDS] = time.perf_counter() - t1
+            signal = any(np.any(r.token_advantages != 0) for r in answers)
+            for r in answers:
+                r.skip_reason = None if signal else "zero_signal"
+            if observe is not None:
+                observe.rollouts(update, groups)
+            values.update(_rollout_metrics(answers))
+            # 3e. the policy: ppo_epochs passes, one optimizer step each
+            before = pos.global_step
+            t1 = time.perf_counter()
+            if signal:
+                for _ in range(p.ppo_epochs):
+                    lr = lr_at(
+                        pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
+                    )
+                    out = _epoch(cfg, model.decoder, answers)
+                    loss = out[names.TRAIN_LOSS]
+                    checked_step(
+                        params, optimizer, training.max_grad_norm, lr, loss, f"update {update}"
+                    )
+                    pos.global_step += 1
+                    values.update(out)
+                    values[names.LEARNING_RATE] = lr
+            values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
+            # 3f. the critic: value_epochs full-batch steps toward the returns
+            if critic is not None:
+                values.update(_train_critic(cfg, critic, features, returns, update))
+            for r in answers:
+                r.trained = signal
+            pos = Position(update, pos.cursor + p.rollout_batch_size, pos.global_step)
+            # 3g. report, observe, evaluate, checkpoint
+            if observe is not None:
+                observe.outcome(update, groups)
+                values[names.OBSERVE_DROPPED] = observe.dropped_batches
+                observe.update(update, "completed" if signal else "skipped", values)
+            tokens = sum(r.n_tokens for r in answers)
+            epoch = max(pos.cursor - 1, 0) // len(prompts) + 1  # the pass over the prompts
+            seconds = time.perf_counter() - t0
+            sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
+            result.rewards.append(values[names.REWARD_MEAN])
+            log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
+            mark = pos.mark(critic)
+            if held is not None and _evaluate_now(cfg, update):
+                t1 = time.perf_counter()
+                picked = held_out(held, cfg.evaluation.max_examples)
+                rewards, _ = held_out_rewards(sampler, program, picked, p.sampling)
+                seconds = time.perf_counter() - t1
+                if report_rewards(rewards, pos, patience, result, sinks, seconds):
+                    persist.save_best(
+                        cfg, run, mark, named, optimizer, plan, patience, steps, sinks
+                    )
+            persist.maybe_checkpoint(
+                cfg, run, mark, named, optimizer, plan, patience, steps, sinks, before
+            )
+            if patience.stop:
+                result.stopped = "patience"
+                break
+    finally:
+        program.close()
+        if observe is not None:
+            observe.close()
+    # 4. export: the adapter alone (the value head lives in checkpoints only)
+    persist.export_or_keep(
+        cfg,
+        model,
+        run_file,
+        run,
+        pos.mark(critic),
+        named,
+        optimizer,
+        plan,
+        adapters,
+        patience,
+        steps,
+    )
+    result.updates, result.global_step = pos.update, pos.global_step
+    result.best_eval = -patience.best if patience.best != float("inf") else None
+    result.seconds = time.perf_counter() - started
+    sinks.finish(
+        {
+            "adapter": str(result.output),
+            "mean reward, first -> last update": first_last(result.rewards),
+            "stopped early": result.stopped or "no",
+        }
+    )
+    return result
+
+
+# -- scores and advantages -----------------------------------------------------------------
+
+
+@torch.no_grad()
+def _score_features(cfg, decoder, answers: list[Rollout]) -> list[torch.Tensor]:
+    """The critic's scoring pass: old log-probabilities (so the first policy pass's ratios are
+    exactly 1) and each answer's final hidden states, stored at feature_dtype on the host."""
+    dtype = FEATURE_DTYPES[cfg.ppo.critic.feature_dtype]
+    out: list[torch.Tensor | None] = [None] * len(answers)
+    for piece in pieces(answers, cfg.training.micro_batch, fanout(cfg.training)):
+        hidden: list[torch.Tensor] = []
+        lps = score(decoder, answers, piece, cfg.training, hidden=hidden)
+        for i, lp, h in zip(piece.members, lps, hidden, strict=True):
+            answers[i].old_logprobs = lp.float().cpu().numpy().astype(np.float32)
+            out[i] = h.to("cpu", dtype)  # (n_tokens, n_embd)
+    return out
+
+
+def _advantages(cfg, answers: list[Rollout], critic, features) -> torch.Tensor | None:
+    """Per-token advantages into each answer's token_advantages (whitened over the update's
+    tokens) and its mean into `advantage`; -> the critic's targets, (B, T) padded, or None
+    without a critic."""
+    c = cfg.ppo.critic
+    width = max(r.n_tokens for r in answers)
+    mask = padded([np.ones(r.n_tokens, np.float32) for r in answers], width)  # (B, T)
+    rewards = torch.zeros(len(answers), width, dtype=torch.float64)  # (B, T)
+    for i, r in enumerate(answers):
+        rewards[i, r.n_tokens - 1] = r.reward
+    if critic is None:  # the answer's reward on every token: GAE with V = 0, γ = λ = 1
+        adv, ret = gae(rewards, torch.zeros_like(rewards), mask, gamma=1.0, lam=1.0)
+    else:
+        with torch.no_grad():
+            old = [critic(f) for f in features]
+        v = padded([x.numpy() for x in old], width)  # (B, T)
+        adv, ret = gae(rewards, v, mask, gamma=c.gamma, lam=c.gae_lambda)
+    adv = whiten(adv, mask)  # (B, T)
+    for i, r in enumerate(answers):
+        r.token_advantages = adv[i, : r.n_tokens].numpy().astype(np.float32)
+        r.advantage = float(r.token_advantages.mean())
+    return ret if critic is not None else None
+
+
+def _epoch(cfg, decoder, answers: list[Rollout]) -> dict[str, float]:
+    """One pass over the update's answers: forward, loss and backward per piece, gradients
+    summed (every term is normalised by the update's tokens). Without a critic the first pass
+    stores the old log-probabilities it computes (its ratios are exactly 1)."""
+    p, training = cfg.ppo, cfg.training
+    total = float(sum(r.n_tokens for r in answers))
+    sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0}
+    for piece in pieces(answers, training.micro_batch, fanout(training)):
+        lps = score(decoder, answers, piece, training)
+        batch = [answers[i] for i in piece.members]
+        for r, lp in zip(batch, lps, strict=True):
+            if r.old_logprobs is None:
+                r.old_logprobs = lp.detach().float().cpu().numpy().astype(np.float32)
+        width = max(len(lp) for lp in lps)
+        logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)  # (b, T)
+        dev = logp.device
+        mask = padded([np.ones(len(lp), np.float32) for lp in lps], width).to(dev)
+        old = padded([r.old_logprobs for r in batch], width).to(dev)
+        adv = padded([r.token_advantages for r in batch], width).to(dev)
+        out = policy_loss(
+            logp,
+            old,
+            adv,
+            mask,
+            clip_low=p.clip_range,
+            clip_high=p.clip_range,
+            ref_logp=old,  # KL toward the sampling policy, reported even at coefficient 0
+            kl_coef=p.kl_coefficient,
+            normalizer=total,
+        )
+        out.loss.backward()
+        sums["loss"] += float(out.loss.detach())
+        sums["surrogate"] += float(out.surrogate.detach())
+        sums["kl"] += float(out.kl.detach())
+        sums["clipped"] += float(out.clip_fraction) * float(mask.sum()) / total
+    return {
+        names.TRAIN_LOSS: sums["loss"],
+        names.SURROGATE_LOSS: sums["surrogate"],
+        names.POLICY_KL: sums["kl"],
+        names.CLIP_FRACTION: sums["clipped"],
+    }
+
+
+def _train_critic(cfg, critic: ValueHead, features, returns, update: int) -> dict[str, float]:
+    """value_epochs full-batch AdamW steps of the head on the stored features; -> the mean
+    value loss over the passes and the features' size."""
+    feats = torch.cat(features)  # (N, n_embd) at feature_dtype
+    target = torch.cat([returns[i, : len(f)] for i, f in enumerate(features)]).float()  # (N,)
+    ones = torch.ones_like(target)
+    losses = []
+    for _ in range(cfg.ppo.critic.value_epochs):
+        critic.optimizer.zero_grad(set_to_none=True)
+        loss = value_loss(critic(feats), target, ones)
+        if not torch.isfinite(loss):
+            raise TrainingError(f"update {update}: the value head's loss is {float(loss)}")
+        loss.backward()
+        critic.optimizer.step()
+        losses.append(float(loss.detach()))
+    return {
+        names.VALUE_LOSS: float(np.mean(losses)),
+        names.FEATURE_MIB: feats.numel() * feats.element_size() / 2**20,
+    }
+
+
+# -- metrics and evaluation ----------------------------------------------------------------
+
+
+def _rollout_metrics(answers: list[Rollout]) -> dict[str, float]:
+    rewards = np.array([r.reward for r in answers], dtype=np.float64)
+    lengths = np.array([r.n_tokens for r in answers], dtype=np.float64)
+    return {
+        names.REWARD_MEAN: float(rewards.mean()),
+        names.REWARD_MIN: float(rewards.min()),
+        names.REWARD_MAX: float(rewards.max()),
+        names.REWARD_STD: float(rewards.std()),
+        names.LENGTH_MEAN: float(lengths.mean()),
+        names.TRUNCATION_FRACTION: float(np.mean([r.truncated for r in answers])),
+        names.ADVANTAGE_ABS_MEAN: float(
+            np.mean(np.concatenate([np.abs(r.token_advantages) for r in answers]))
+        ),
+    }
+
+
+def _evaluate_now(cfg, update: int) -> bool:
+    return update % cfg.evaluation.every_iterations == 0 or update == cfg.ppo.updates
