@@ -105,6 +105,26 @@ def test_bench_compares_base_and_adapter(tiny_model, tmp_path, capsys):
     assert tuned < base
 
 
+def kill_after_checkpoint(run: Path, state: Path, timeout: float = 300) -> None:
+    """`retrograd train run` in its own process, killed with SIGKILL as soon as the checkpoint
+    `state` is complete."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrograd.cli.main", "train", str(run)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + timeout
+    while not (state / "manifest.msgpack").exists() and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (state / "manifest.msgpack").exists(), proc.stderr.read().decode()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
+
+
 WINDOWED = {"ctx": 128, "micro_batch": 32, "gradient_accumulation": 1, "epochs": 12}
 
 
@@ -129,22 +149,8 @@ def test_killed_run_resumes_to_the_same_losses(tiny_model, tmp_path, training, e
     over = {"training": training, "checkpoint": ck}
     assert main(["train", str(write_run(full_dir, model, **dict(over)))]) == 0
     run = write_run(cut_dir, model, **dict(over))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrograd.cli.main", "train", str(run)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     state = cut_dir / "ck" / f"{step_id(kill_after)}.state"
-    deadline = time.time() + 120
-    while not (state / "manifest.msgpack").exists() and proc.poll() is None:
-        assert time.time() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert (state / "manifest.msgpack").exists(), proc.stderr.read().decode()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    kill_after_checkpoint(run, state)
     assert not (cut_dir / "out" / "adapter.gguf").exists()
     inside = load_checkpoint(state).dataset.extra["group"] > 0
     assert inside == (training is WINDOWED)

@@ -45,7 +45,7 @@ from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
-from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.optim import lr_at
 from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
 from retrograd.rollout.agent_scores import (
     USABLE,
@@ -59,7 +59,6 @@ from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import held_out
 from retrograd.sampling import Sampler
 from retrograd.seeds import SAMPLE, derive_seed
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
 EVALUATE = "evaluate"
@@ -143,11 +142,10 @@ def _check_manifest(path: Path) -> None:
 
 def run_agent_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> AgentResult:
     started = time.perf_counter()
-    a, training = cfg.agent, cfg.training
+    a = cfg.agent
     run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
     # 1. build: everything that can be checked is checked before the model loads
     check_available(cfg)
-    check_mode(training.trainable)
     outputs.check_outputs(cfg, run_file)
     scenario_file = read_scenarios(a.scenarios)
     _check_manifest(scenario_file.path)
@@ -166,12 +164,15 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
     context.preflight_check(model, training, getattr(sinks, "console", None))
     context.apply_memory_knobs(model, training)
     chat = context.chat_format(model, a.template_variables)
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [p for _, p in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
-    rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
+    tr = context.trainables(model, cfg)
+    plan, adapters, named, params, optimizer = (
+        tr.plan,
+        tr.adapters,
+        tr.named,
+        tr.params,
+        tr.optimizer,
+    )
+    rate, steps = tr.rate, total_steps(cfg)
     reference = context.reference(cfg, model, adapters)
     sampler = Sampler(
         model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
@@ -322,7 +323,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
             observe.close()
     # 4. export
     persist.export_or_keep(
-        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
+        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, tr.trained, patience, steps
     )
     result.updates, result.global_step = pos.update, pos.global_step
     result.best_eval = -patience.best if patience.best != float("inf") else None

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
 from retrograd.model.model import Model
 from retrograd.tokenizer.conversation import ChatFormat
 from retrograd.tokenizer.fallbacks import chat_template
+from retrograd.trainable.plan import Trained, TrainPlan
 
 KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
 CKPT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -46,6 +48,47 @@ def file_chat_format(path, template_variables: dict | None = None) -> ChatFormat
     return ChatFormat(tokenizer, chat_template(tokenizer, gguf.metadata, template_variables or {}))
 
 
+@dataclass(frozen=True)
+class Trainables:
+    """What a loop trains and with what: the plan, its Parameters (adapters and base tensors),
+    the optimizer over them and the rate its schedule scales."""
+
+    plan: TrainPlan
+    trained: Trained
+    named: list[tuple[str, torch.nn.Parameter]]
+    optimizer: torch.optim.Optimizer
+    rate: float
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named]
+
+    @property
+    def adapters(self) -> dict:
+        """{base name: LoRA} (empty without an adapter): the switch of the base reference."""
+        return self.trained.adapters
+
+
+def trainables(model: Model, cfg) -> Trainables:
+    """The run's plan over the loaded model (any [training].trainable mode) and its optimizer."""
+    from retrograd.optim import base_lr, build_optimizer
+    from retrograd.trainable.plan import build_plan
+
+    plan, trained = build_plan(model, cfg)
+    named = trained.named()
+    optimizer = build_optimizer(
+        [p for _, p in named], cfg.training, cfg.optimizer, matrices=trained.matrices()
+    )
+    return Trainables(plan, trained, named, optimizer, base_lr(cfg.training, cfg.optimizer))
+
+
+def shuffle_seed(cfg) -> int:
+    """[lora].seed, which also orders SFT and preference data; its default without [lora]."""
+    from retrograd.trainable.plan import LORA_SEED
+
+    return cfg.lora.seed if cfg.lora is not None else LORA_SEED
+
+
 def apply_memory_knobs(model: Model, training) -> None:
     if training.gradient_checkpointing:
         model.decoder.enable_checkpointing(
@@ -62,12 +105,17 @@ def kv_dtype(model: Model, training) -> torch.dtype:
 
 def preflight_check(model: Model, training, console=None) -> None:
     """The preflight audit at the start of a run, on an accelerator (on the CPU nothing can
-    fall back). Fallbacks are printed; with require_gpu_resident they stop the run."""
+    fall back). Fallbacks are printed; with require_gpu_resident they stop the run. Sets the
+    run's max_gpu_duty_cycle limiter (duty.py) and prints its report when one is requested."""
     import os
 
+    from retrograd.algorithms import duty
     from retrograd.errors import DeviceError
     from retrograd.model.preflight import preflight
 
+    limiter = duty.configure(training.max_gpu_duty_cycle, model.device)
+    if console is not None and training.max_gpu_duty_cycle < 1.0:
+        console.print("; ".join(limiter.report()), markup=False, highlight=False)
     strict = training.require_gpu_resident or os.environ.get("RETRO_REQUIRE_GPU_RESIDENT") == "1"
     if model.device.type == "cpu":
         if strict:

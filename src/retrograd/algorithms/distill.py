@@ -39,14 +39,13 @@ from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.losses.distill import reverse_kl_advantages
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
-from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.optim import lr_at
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
 from retrograd.sampling import Sampler
 from retrograd.sampling.params import SampleRequest, SamplingParams
 from retrograd.seeds import derive_seed
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
 EVALUATE = "evaluate"  # seeds of held-out answers
@@ -99,7 +98,6 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     d, training = cfg.distill, cfg.training
     # 1. build: everything that can be checked is checked before the models load
     context.check_rollout_keys(training, "distill")
-    check_mode(training.trainable)
     outputs.check_outputs(cfg, run_file)
     prompt_file = read_prompts(d.prompts, "[distill].prompts")
     held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
@@ -110,12 +108,15 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     chat = context.chat_format(model)
     prompts = render_prompts(prompt_file, chat, training.ctx)
     held = render_prompts(held_file, chat, training.ctx) if held_file else None
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [p for _, p in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
-    rate, steps = base_lr(training, cfg.optimizer), d.updates * d.distill_epochs
+    tr = context.trainables(model, cfg)
+    plan, adapters, named, params, optimizer = (
+        tr.plan,
+        tr.adapters,
+        tr.named,
+        tr.params,
+        tr.optimizer,
+    )
+    rate, steps = tr.rate, d.updates * d.distill_epochs
     reference = context.reference(cfg, model, adapters) if d.kl_coefficient > 0 else None
     sampler = Sampler(
         model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
@@ -236,7 +237,7 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
             break
     # 4. export
     persist.export_or_keep(
-        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
+        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, tr.trained, patience, steps
     )
     result.updates, result.global_step = pos.update, pos.global_step
     result.best_eval = patience.best if patience.best != float("inf") else None

@@ -33,7 +33,6 @@ from retrograd.data.topk import TopK, read_topk, tokenizer_fingerprint, write_to
 from retrograd.errors import ConfigError, DataError
 from retrograd.losses.distill import topk_forward_kl
 from retrograd.model.logprobs import ids_logprobs, topk_logprobs
-from retrograd.trainable.plan import check_mode
 
 log = logging.getLogger(__name__)
 DEFAULT_K = 16
@@ -190,7 +189,6 @@ def run_distill_offline(cfg, *, resume=None, sinks=None, run_file=None) -> SFTRe
             "[evaluation]: offline distillation runs no scheduled evaluation; remove the "
             "section and measure with `retrograd bench` (KL to the teacher, top-1 agreement)"
         )
-    check_mode(cfg.training.trainable)
     outputs.check_outputs(cfg, run_file)
     # the corpus, tokenized with the student's format, and the sidecar, checked against it,
     # before the weights load
@@ -207,7 +205,7 @@ def run_distill_offline(cfg, *, resume=None, sinks=None, run_file=None) -> SFTRe
         train,
         None,
         epochs,
-        True,  # shuffled each epoch from [lora].seed, as SFT's default
+        True,  # shuffled each epoch from [lora].seed (or its default), as SFT's default
         {"train": train.fingerprint, "sidecar": _sidecar_id(topk)},
         {"mode": "topk_offline", "k": topk.k},
         pass_loss=_TopKLoss(topk, train).of,

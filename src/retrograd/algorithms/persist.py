@@ -40,10 +40,12 @@ from retrograd.checkpoint import (
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
 from retrograd.checkpoint.rng import capture_rng, restore_rng
 from retrograd.errors import ConfigError, TrainingError
+from retrograd.gguf import RawTensor
 from retrograd.gguf.lora_export import write_lora_adapter
+from retrograd.gguf.model_export import bf16_tensor, write_model, write_trainable
 from retrograd.observe import Metrics, RunInfo
 from retrograd.optim import base_lr, lr_at
-from retrograd.trainable.plan import trained_parameters
+from retrograd.trainable.plan import Trained
 
 _log = logging.getLogger(__name__)
 
@@ -90,13 +92,12 @@ class RunIdentity:
             "weight_decay": t.weight_decay,
             "max_grad_norm": t.max_grad_norm,
             **algorithm_settings,
-            "lora": {
-                "rank": plan.rank,
-                "alpha": plan.alpha,
-                "seed": cfg.lora.seed,
-                "targets": [p.name for p in plan.trained],
-            },
+            **plan.signature(),
         }
+        tables = cfg.optimizer
+        section = getattr(tables, t.optimizer, None) if tables is not None else None
+        if section is not None:  # [optimizer.muon] or [optimizer.gefen]: e.g. gefen's variant
+            trajectory[t.optimizer] = section.model_dump()
         return cls(
             architecture,
             model_identity(cfg.model.path),
@@ -218,26 +219,68 @@ class Sinks:
 
 
 def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs."""
+    """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs (base
+    tensors among them are skipped)."""
     halves: dict[str, dict[str, np.ndarray]] = {}
     for name, param in named:
         base, half = name.rsplit(".", 1)  # blk.0.attn_q.weight, lora_a
-        halves.setdefault(base, {})[half] = param.detach().float().cpu().numpy()
+        if half in ("lora_a", "lora_b"):
+            halves.setdefault(base, {})[half] = param.detach().float().cpu().numpy()
     return {base: (h["lora_a"], h["lora_b"]) for base, h in halves.items()}
 
 
+def base_arrays(trained: Trained) -> dict[str, np.ndarray | RawTensor]:
+    """The trained base tensors in their storage types, as the GGUF writer takes them."""
+    out: dict[str, np.ndarray | RawTensor] = {}
+    for t in trained.base:
+        stored = t.stored()
+        if stored.dtype == torch.bfloat16:
+            out[t.name] = bf16_tensor(stored.view(torch.int16).numpy())
+        else:
+            out[t.name] = stored.numpy()
+    return out
+
+
+def _as_trained(adapters) -> Trained:
+    """Loops that train adapters alone pass their {name: LoRA}; the others a Trained."""
+    return adapters if isinstance(adapters, Trained) else Trained(adapters, [])
+
+
 def export_output(cfg, model, plan, adapters, path: Path | None = None) -> Path:
-    """[output] kind adapter (or `path`): a llama.cpp LoRA GGUF, written atomically."""
+    """The result, written atomically as [output].kind says (or to `path`): adapter, a
+    llama.cpp LoRA GGUF; trainable, the trained tensors (and a hybrid run's adapter); model,
+    the whole GGUF with its trained tensors."""
     out = Path(path or cfg.output.path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    return write_lora_adapter(
-        out,
-        architecture=model.config.name,
-        tensors=adapter_arrays(trained_parameters(adapters)),
-        alpha=plan.alpha,
-        dtype=plan.dtype,
-        name=f"{model.gguf.get('general.name', 'model')} LoRA ({__version__})",
-    )
+    trained = _as_trained(adapters)
+    title = f"{model.gguf.get('general.name', 'model')}"
+    kind = cfg.output.kind or "adapter"
+    if kind == "model":
+        return write_model(
+            model.gguf.path, out, base_arrays(trained), name=f"{title} ({plan.mode}, {__version__})"
+        )
+    factors = adapter_arrays(trained.named())
+    if kind == "adapter":
+        return write_lora_adapter(
+            out,
+            architecture=model.config.name,
+            tensors=factors,
+            alpha=plan.alpha,
+            dtype=plan.dtype,
+            name=f"{title} LoRA ({__version__})",
+        )
+    tensors: dict[str, np.ndarray | RawTensor] = base_arrays(trained)
+    lora_np = np.float32 if plan.dtype == "f32" else np.float16
+    for base, (a, b) in factors.items():
+        tensors[f"{base}.lora_a"], tensors[f"{base}.lora_b"] = a.astype(lora_np), b.astype(lora_np)
+    meta = {
+        "general.name": f"{title} {plan.mode} ({__version__})",
+        "retrograd.trainable.mode": plan.mode,
+        "retrograd.base_model": model.gguf.path.name,
+    }
+    if factors:
+        meta["adapter.lora.alpha"] = float(plan.alpha)
+    return write_trainable(out, architecture=model.config.name, tensors=tensors, metadata=meta)
 
 
 def export_or_keep(
@@ -252,7 +295,7 @@ def export_or_keep(
     kept = _keep(cfg, model, run_file, run, mark, named, optimizer, plan, adapters, patience, total)
     where = f"kept in {kept}" if kept is not None else "could not be kept anywhere either"
     raise TrainingError(
-        f"[output].path = {cfg.output.path}: the adapter could not be written "
+        f"[output].path = {cfg.output.path}: the {cfg.output.kind or 'adapter'} could not be written "
         f"({type(error).__name__}: {error}); the trained result was {where}"
     ) from error
 
@@ -314,11 +357,16 @@ def restore(
         source=source,
     )
     tensors = state.adapter.tensors if state.adapter else {}
+    base = state.trainable or {}
     with torch.no_grad():
         for name, param in named:
-            base, half = name.rsplit(".", 1)
-            a, b = tensors[base]
-            param.copy_(torch.from_numpy(np.ascontiguousarray(a if half == "lora_a" else b)))
+            stem, half = name.rsplit(".", 1)
+            if half in ("lora_a", "lora_b"):
+                a, b = tensors[stem]
+                value = a if half == "lora_a" else b
+            else:
+                value = base[name]  # a trained base tensor (f32, or its f16 values)
+            param.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(param.dtype))
     restore_optimizer(optimizer, [n for n, _ in named], state.optimizer)
     restore_rng(state.rng)
     patience.best = (
@@ -339,6 +387,7 @@ def _state(
     rate = base_lr(t, cfg.optimizer)
     lr = lr_at(max(0, mark.global_step - 1), total, rate, t.lr_scheduler, t.warmup_steps)
     tensors = adapter_arrays(named)
+    base = {n: _checkpoint_array(p) for n, p in named if not n.endswith((".lora_a", ".lora_b"))}
     best = patience.best if patience.best != float("inf") else None
     return CheckpointState(
         architecture=run.architecture,
@@ -361,12 +410,20 @@ def _state(
             kind=t.optimizer,
             hyper={"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm},
         ),
-        rng=capture_rng(seeds={"lora": cfg.lora.seed}),
+        rng=capture_rng(seeds={"lora": plan.seed}),
         dataset=mark.dataset,
-        adapter=AdapterState(plan.rank, plan.alpha, plan.dtype, tensors),
+        adapter=AdapterState(plan.rank, plan.alpha, plan.dtype, tensors) if plan.rank else None,
+        trainable=base or None,
         trainable_plan=plan.as_dict(),
         artifacts={name: make() for name, make in mark.artifacts.items()},
     )
+
+
+def _checkpoint_array(param: torch.Tensor) -> np.ndarray:
+    """A trained base tensor as a checkpoint keeps it, exactly: f32 or f16 as it is, bf16
+    widened to f32 (bf16 -> f32 -> bf16 loses nothing)."""
+    p = param.detach().cpu()
+    return p.numpy() if p.dtype in (torch.float32, torch.float16) else p.float().numpy()
 
 
 def checkpoint_due(cfg, before: int, after: int) -> bool:

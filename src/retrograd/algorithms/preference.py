@@ -52,8 +52,7 @@ from retrograd.losses.preference import (
 )
 from retrograd.model.logprobs import sequence_logprobs, shared_prefix_logprobs
 from retrograd.observe import names
-from retrograd.optim import base_lr, build_optimizer, lr_at
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+from retrograd.optim import lr_at
 
 log = logging.getLogger(__name__)
 REFERENCE = "preference-reference.bin"  # artifact: reference scores (formats.md §5.1)
@@ -142,7 +141,8 @@ def load_pairs(cfg, chat) -> tuple[list[TokenPair], list[TokenPair] | None, dict
 
 
 def order_of(n: int, cfg, epoch: int) -> np.ndarray:
-    return permutation(n, cfg.lora.seed, epoch) if cfg.preference.shuffle else np.arange(n)
+    seed = context.shuffle_seed(cfg)
+    return permutation(n, seed, epoch) if cfg.preference.shuffle else np.arange(n)
 
 
 def steps_of(pairs: list[TokenPair], order: np.ndarray, cfg) -> list[tuple[int, int]]:
@@ -170,18 +170,20 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
     p, t = cfg.preference, cfg.training
     # 1. build: the pairs are tokenized and checked with the file's own tokenizer and template
     check_available(cfg)
-    check_mode(t.trainable)
     outputs.check_outputs(cfg, run_file)
     pairs, held, prints = load_pairs(cfg, context.file_chat_format(cfg.model.path))
     model = context.load_model(cfg)
     context.preflight_check(model, t, getattr(sinks, "console", None))
     context.apply_memory_knobs(model, t)
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [x for _, x in named]
-    optimizer = build_optimizer(params, t, cfg.optimizer)
-    rate, steps = base_lr(t, cfg.optimizer), total_steps(pairs, cfg)
+    tr = context.trainables(model, cfg)
+    plan, adapters, named, params, optimizer = (
+        tr.plan,
+        tr.adapters,
+        tr.named,
+        tr.params,
+        tr.optimizer,
+    )
+    rate, steps = tr.rate, total_steps(pairs, cfg)
     loss_fn = loss_of(p)
     settings = {
         "preference": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
@@ -281,7 +283,7 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
             break
     # 6. export; if that fails, the trained adapter is kept elsewhere and the error says where
     persist.export_or_keep(
-        cfg, model, run_file, run, mark(), named, optimizer, plan, adapters, patience, steps
+        cfg, model, run_file, run, mark(), named, optimizer, plan, tr.trained, patience, steps
     )
     result.global_step = pos.global_step
     result.best_eval = patience.best if patience.best != float("inf") else None

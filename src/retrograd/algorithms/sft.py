@@ -1,4 +1,4 @@
-"""Supervised fine-tuning of a LoRA adapter on text or chat data.
+"""Supervised fine-tuning on text or chat data: a LoRA adapter, base tensors or both (the plan).
 
 Departures from a textbook SFT loop, all from the reference:
 - a window of ctx tokens runs in passes of micro_batch tokens that see earlier passes only as
@@ -37,8 +37,7 @@ from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
 from retrograd.errors import CheckpointError
 from retrograd.observe import names
-from retrograd.optim import base_lr, build_optimizer, lr_at
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+from retrograd.optim import lr_at
 
 log = logging.getLogger(__name__)
 WINDOW = "window-kv.msgpack"  # artifact: the keys and values of a window cut by a checkpoint
@@ -131,7 +130,6 @@ class Corpus:
 
 def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
     # 1. build: what the run writes is checked before anything loads
-    check_mode(cfg.training.trainable)
     outputs.check_outputs(cfg, run_file)
     model = context.load_model(cfg)
     t0 = time.perf_counter()
@@ -156,12 +154,10 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
     train, held = corpus.train, corpus.held
     context.preflight_check(model, training, getattr(sinks, "console", None))
     context.apply_memory_knobs(model, training)
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [p for _, p in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
-    rate = base_lr(training, cfg.optimizer)
+    tr = context.trainables(model, cfg)
+    plan, trained, named, params, optimizer, rate = (
+        tr.plan, tr.trained, tr.named, tr.params, tr.optimizer, tr.rate
+    )  # fmt: skip
     steps = total_steps(train, training, corpus.epochs)
     run = persist.RunIdentity.of(cfg, model.config.name, corpus.fingerprints, plan, corpus.settings)
     sinks = sinks or persist.Sinks.quiet()
@@ -196,7 +192,7 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
     kv = context.kv_dtype(model, training)
     result = SFTResult(Path(cfg.output.path), pos.global_step, pos.epoch, None, False, 0.0, 0)
     for epoch in range(pos.epoch, corpus.epochs):
-        order = order_of(train, cfg.lora.seed, epoch, corpus.shuffle)
+        order = order_of(train, plan.seed, epoch, corpus.shuffle)
         start_index = pos.index if epoch == pos.epoch else 0
         for i in range(start_index, len(order)):
             example = train.examples[order[i]]
@@ -259,14 +255,14 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
             break
     # 5. export; if that fails, the trained adapter is kept elsewhere and the error says where
     persist.export_or_keep(
-        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
+        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, trained, patience, steps
     )
     result.global_step = pos.global_step
     result.best_eval = patience.best if patience.best != float("inf") else None
     result.seconds = time.perf_counter() - started
     sinks.finish(
         {
-            "adapter": str(result.output),
+            cfg.output.kind or "adapter": str(result.output),
             "epochs": result.epochs_done,
             "stopped early": "yes (patience)" if result.stopped_early else "no",
         }

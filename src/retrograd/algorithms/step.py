@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
+from retrograd.algorithms import duty
 from retrograd.data.sft import Example
 from retrograd.errors import CheckpointError, TrainingError
 from retrograd.model.decoder import Decoder
@@ -149,9 +150,10 @@ def clip_and_step(
         optimizer.zero_grad(set_to_none=True)
         raise TrainingError(f"the gradient norm is {norm}")
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's AdamW share: its own rate
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    duty.tick()  # [training].max_gpu_duty_cycle: rest after the step's window, on a GPU
     return norm
 
 

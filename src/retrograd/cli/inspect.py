@@ -146,18 +146,62 @@ def trainability(g: GGUFFile, cfg: ModelConfig) -> tuple[dict, dict]:
     can, never = defaultdict(int), defaultdict(int)
     for name, t in g.tensors.items():
         group = _group(name)
-        if name == "token_embd.weight":
-            why = "input embedding" + (" (and the tied output head)" if cfg.tied_output else "")
-            never[(group, why)] += 1
-        elif name.startswith("rope_") or ".rope_" in name:
-            never[(group, "rotary constants")] += 1
-        elif not t.is_float:
-            never[(group, f"quantized ({t.type_name})")] += 1
-        elif group.removeprefix("blk.*.") in FLOAT_PARTS or not name.endswith(".weight"):
-            never[(group, "recurrence constants and biases (kept as float32)")] += 1
-        else:
+        why = _never(g, cfg, name, t)
+        if why is None:
             can[(group, t.type_name)] += 1
+        else:
+            never[(group, why)] += 1
     return can, never
+
+
+def _never(g: GGUFFile, cfg: ModelConfig, name: str, t) -> str | None:
+    """Why a base tensor never trains (the reference's exclusions, and what this version
+    does not train), or None when full could train it."""
+    if name == "token_embd.weight":
+        return "input embedding" + (" (and the tied output head)" if cfg.tied_output else "")
+    if name.startswith("rope_") or ".rope_" in name:
+        return "rotary constants"
+    if not t.is_float:
+        return f"quantized ({t.type_name})"
+    part = _group(name).removeprefix("blk.*.")
+    weight = g.tensors.get(name.removesuffix(".bias") + ".weight")
+    if name.endswith(".bias") and weight is not None and len(weight.shape) == 2:
+        return None  # a projection's bias
+    if part in FLOAT_PARTS or not name.endswith(".weight") or len(t.shape) > 2:
+        return "recurrence constants, lone biases and expert tensors (not trained)"
+    return None
+
+
+def _is_norm(name: str) -> bool:
+    return _group(name).removesuffix(".weight").endswith("norm")
+
+
+def per_mode(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(mode, what it would train on this model) for the four trainable modes."""
+    can = [n for n, t in g.tensors.items() if _never(g, cfg, n, t) is None]
+    norms = [n for n in can if _is_norm(n)]
+    biases = [n for n in can if n.endswith(".bias")]
+    matrices = [n for n in can if n not in norms and n not in biases]
+
+    def count(names: list[str]) -> str:
+        n = sum(g.tensors[x].n_elements for x in names)
+        return f"{len(names)} tensors, {n:,} parameters"
+
+    quantized = sum(1 for t in g.tensors.values() if not t.is_float)
+    full = f"{count(can)}: {len(matrices)} matrices, {len(norms)} norms, {len(biases)} biases"
+    if quantized:
+        full += f"; its {quantized} quantized tensors stay frozen"
+    rows = [
+        ("lora", "an adapter on \\[lora].targets (LoRA targets above); base tensors frozen"),
+        ("full", full),
+        (
+            "partial",
+            "the \\[trainable] selection (layers, modules, norms, biases, output_head) "
+            "among full's tensors",
+        ),
+        ("hybrid", f"an adapter, plus norms ({count(norms)}) and/or biases ({count(biases)})"),
+    ]
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,6 +253,12 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(group, str(n), f"yes ({typ})")
     for (group, why), n in sorted(never.items()):
         t.add_row(group, str(n), f"[red]never[/]: {why}")
+    con.print(t)
+    t = Table(title="What each training.trainable mode trains", title_justify="left")
+    t.add_column("mode")
+    t.add_column("trains")
+    for mode, what in per_mode(g, cfg):
+        t.add_row(mode, what)
     con.print(t)
     con.print(f"device: {device}")
     return 0

@@ -61,8 +61,7 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("output", "path"): YES,
     ("output", "kind"): _entry(
         HONOURED,
-        "adapter honoured; trainable and model belong to full, partial and hybrid, which "
-        "`train` refuses until they land",
+        "honoured: adapter (lora), trainable (full, partial, hybrid), model (full, partial)",
     ),
     ("lora", "rank"): YES,
     ("lora", "alpha"): YES,
@@ -72,16 +71,16 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         HONOURED, "honoured: the exported adapter's type (the factors train in f32)"
     ),
     ("lora", "init_adapter"): YES,
-    ("trainable", "*"): _entry(
-        LATER, "with partial or hybrid: `train` refuses those modes until they land"
-    ),
+    ("trainable", "*"): _entry(HONOURED, "honoured by partial and hybrid runs of sft"),
     ("training", "trainable"): _entry(
-        HONOURED, "lora honoured; `train` refuses full, partial and hybrid until they land"
+        HONOURED,
+        "lora honoured by every algorithm; full, partial and hybrid by sft and offline "
+        "distill (the other loops refuse them by name)",
     ),
     ("training", "optimizer"): _entry(
         HONOURED,
-        "adamw, sgd and muon honoured; gefen refused for an adapter (not available in this "
-        "version)",
+        "adamw, sgd and muon honoured; gefen honoured for base tensors (full, partial), "
+        "refused for an adapter (not available in this version)",
     ),
     **{
         ("training", name): YES
@@ -134,27 +133,27 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     },
     ("training", "master_weights"): _entry(
         NOT_READ,
-        "refused with lora (no base weight trains); full, partial and hybrid read it, "
-        "refused by `train` until they land",
+        "refused with lora (no base weight trains); honoured by full, partial and hybrid",
     ),
     ("training", "require_gpu_resident"): _entry(
         HONOURED, "honoured on a GPU: the start-up audit stops the run"
     ),
     ("training", "max_gpu_duty_cycle"): _entry(
-        UNAVAILABLE, "below 1.0 refused: not available in this version"
+        HONOURED,
+        "honoured on a GPU (rest after each optimizer step); on a CPU accepted and reported "
+        "inactive (gpu_duty_cycle_reason: cpu_backend)",
     ),
     ("optimizer.muon", "*"): _entry(
         NOT_READ,
-        "refused with an adapter (Muon updates none of its factors); full and partial read it, "
-        "refused by `train` until they land",
+        "refused with an adapter (Muon updates none of its factors); honoured by full and partial",
     ),
     ("optimizer.muon", "fallback_learning_rate"): _entry(
         HONOURED, "honoured: the AdamW rate of an adapter's factors"
     ),
     ("optimizer.gefen", "*"): _entry(
-        UNAVAILABLE,
-        "gefen is refused for an adapter (not available in this version); full and partial "
-        "are refused by `train` until they land",
+        HONOURED,
+        "honoured by full and partial; gefen is refused for an adapter (not available in "
+        "this version)",
     ),
     ("evaluation", "data"): YES,
     ("evaluation", "every_iterations"): YES,
@@ -216,13 +215,6 @@ class Unavailable:
 
 
 UNAVAILABLE_VALUES = (
-    Unavailable(
-        "training",
-        "max_gpu_duty_cycle",
-        lambda d, value: value < 1.0,
-        "the GPU is never paused; leave it out, or cap the device with its own tools "
-        "(nvidia-smi power limits, MIG)",
-    ),
     Unavailable(
         "training",
         "optimizer",

@@ -127,16 +127,20 @@ def write_gguf(
     architecture: str,
     metadata: Mapping[str, Any],
     tensors: Mapping[str, Tensor],
+    alignment: int | None = None,
 ) -> Path:
     """Write a GGUF file atomically; returns its path.
 
     `metadata` values are str, bool, float (FLOAT32), int (UINT32), a list of str, or `Typed`.
     `general.architecture` is written from `architecture`. Tensors are written in the given
-    order; numpy arrays keep their dtype (f32, f16, ...), in row-major shape.
+    order; numpy arrays keep their dtype (f32, f16, ...), in row-major shape. `alignment`:
+    the tensor data alignment, when not gguf's default of 32 (general.alignment).
     """
     path = Path(path)
     with atomic_path(path) as tmp:
         w = GGUFWriter(str(tmp), architecture)
+        if alignment is not None:
+            w.data_alignment = alignment
         try:
             for key, value in metadata.items():
                 v = _typed(key, value)

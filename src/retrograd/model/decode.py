@@ -39,6 +39,7 @@ def applies(decoder, ctx, T: int) -> bool:
         and compile_enabled()
         and not cfg.attn_softcap
         and cfg.plain
+        and not decoder.base_trained  # packed copies are of the file's weights
         and ctx.cache.k[0].dtype == ctx.dtype
         and packable(ctx.dtype, decoder.device, decoder.token_embd)
     )

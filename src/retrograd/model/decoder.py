@@ -217,6 +217,8 @@ class Block(nn.Module):
 def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
     """The linears' outputs for one input, from one stacked product where `frozen_linear_group`
     applies (packed while sampling, stacked in 16-bit compute), else one product each."""
+    if any(lin.weight is not None for lin in linears):  # a trained weight: its own product
+        return [lin(x) for lin in linears]
     ys = frozen_linear_group(x, [lin.frozen for lin in linears])
     if ys is None:
         return [lin(x) for lin in linears]
@@ -423,6 +425,7 @@ class Decoder(nn.Module):
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.arch.embed_scale else cfg.embedding_scale
         self.logit_mul = 1.0 / cfg.logit_scale  # granite: logits / logit_scale
         self.checkpointing: tuple[int, torch.dtype] | None = None
+        self.base_trained = False  # a Linear reads a trained weight (trainable/base.py)
 
     @property
     def device(self) -> torch.device:

@@ -1,9 +1,9 @@
 """The decoder's building blocks: RMSNorm, a linear over a frozen GGUF weight, activations.
 
 `Linear` holds a FrozenTensor (the file's bytes) and optionally a trainable adapter in
-`lora`; a later trainable mode may replace the frozen weight with a Parameter. Norm weights
-are small float tensors kept as (frozen) float32 Parameters so that modes that train them
-only flip requires_grad.
+`lora`; the full, partial and hybrid modes give it a trained `weight` (trainable/base.py)
+that replaces the frozen one. Norm weights are small float tensors kept as (frozen) float32
+Parameters so that modes that train them only flip requires_grad.
 """
 
 from __future__ import annotations
@@ -41,6 +41,22 @@ class Linear(nn.Module):
         self.frozen = frozen
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
         self.lora: nn.Module | None = None
+        # A trained weight replaces `frozen`: the Parameter the optimizer updates, read through
+        # `weight_dtype` (the storage type, when the Parameter is an f32 master copy of it).
+        self.weight: nn.Parameter | None = None
+        self.weight_dtype: torch.dtype | None = None
+
+    def train_weight(self, weight: nn.Parameter, storage: torch.dtype) -> None:
+        """From now on the product reads `weight` (rounded to `storage`), not the file's bytes."""
+        self.weight = weight
+        self.weight_dtype = storage if weight.dtype != storage else None
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The trained weight as the model sees it: in its storage type, then `dtype`."""
+        w = self.weight
+        if self.weight_dtype is not None:
+            w = w.to(self.weight_dtype)  # the master copy rounded as the file would store it
+        return w.to(dtype)
 
     @property
     def in_features(self) -> int:
@@ -51,6 +67,10 @@ class Linear(nn.Module):
         return self.frozen.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            w = self.dense_weight(x.dtype)  # (n_out, n_in)
+            y = F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+            return self.finish(x, y)
         return self.finish(x, frozen_linear(x, self.frozen))
 
     def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -63,7 +83,8 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         f = self.frozen
-        return f"{f.shape[1]} -> {f.shape[0]}, {f.ggml_type.name}"
+        trained = ", trained" if self.weight is not None else ""
+        return f"{f.shape[1]} -> {f.shape[0]}, {f.ggml_type.name}{trained}"
 
 
 def gelu_tanh(x: torch.Tensor, f16_table: bool) -> torch.Tensor:

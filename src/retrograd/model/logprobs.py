@@ -121,7 +121,7 @@ def _frozen_head(decoder: Decoder) -> FrozenTensor | None:
     out = decoder.output
     if out is None:
         return decoder.token_embd
-    if out.lora is None and out.bias is None:
+    if out.lora is None and out.bias is None and out.weight is None:
         return out.frozen
     return None
 
