@@ -12,8 +12,9 @@ the whole input matched: `accepts`. `done` means nothing more may follow. Steps 
 `json_schema_grammar(schema)` compiles the subset of JSON Schema that structured-output APIs
 use (as llama.cpp's json-schema-to-grammar does): type (one or a list), properties, required
 and additionalProperties (properties in their listed order, the required ones always present,
-as llama.cpp orders them), items, minItems/maxItems, enum, const, anyOf/oneOf, $ref into
-$defs/definitions, minLength/maxLength, a minimum of 0 (no minus sign) and a number range
+as llama.cpp orders them), items and prefixItems, minItems/maxItems, enum, const, anyOf/oneOf, $ref into
+$defs/definitions, minLength/maxLength (counted in bytes: never more characters than
+maxLength allows, though a string of non-ASCII characters may fall short of minLength), a minimum of 0 (no minus sign) and a number range
 within single digits (a score in [0, 1]). Annotations (title, description, format, default,
 examples, ...) are ignored; keywords that would constrain what the grammar cannot say
 (pattern, not, ...) are refused with SchemaError naming their place. Whitespace between tokens
@@ -412,18 +413,37 @@ class _JsonCompiler:
 
     def array(self, schema: dict, where: str) -> int:
         g, sp = self.g, self.space
-        if "prefixItems" in schema:
-            raise SchemaError(f"{where}.prefixItems: not supported for constrained decoding")
+        prefix = schema.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise SchemaError(f"{where}.prefixItems: expected a list of schemas")
         items = schema.get("items", True)
-        item = g.define((self.value(items, f"{where}.items"), sp))
         lo, hi = _bounds(schema, "minItems", "maxItems", where)
-        if hi == 0:
-            return g.define((b"[", sp, b"]"))
-        rest = self.repeat(
-            g.define((b",", sp, item)), max(0, lo - 1), None if hi is None else hi - 1
-        )
-        filled = g.define((item, rest))
-        return g.define((b"[", sp, filled if lo else g.define((), filled), b"]"))
+        if hi is not None:
+            prefix = prefix[:hi]
+        # after the prefix: `items` (none when false), up to what maxItems leaves
+        rest = None
+        room = None if hi is None else hi - len(prefix)
+        if items is not False and room != 0:
+            item = g.define((self.value(items, f"{where}.items"), sp))
+            more = g.define((b",", sp, item))
+            need = max(0, lo - len(prefix))
+            if prefix:
+                rest = self.repeat(more, need, room)
+            else:
+                rest = g.define(
+                    (item, self.repeat(more, max(0, need - 1), None if room is None else room - 1))
+                )
+                if need == 0:
+                    rest = g.define((), rest)
+        elif lo > len(prefix):
+            raise SchemaError(f"{where}.minItems = {lo}: more than its items allow")
+        # the prefix, each element after the first behind a comma; those past minItems optional
+        tail = rest if rest is not None else g.define(())
+        for i in range(len(prefix) - 1, -1, -1):
+            element = g.define((self.value(prefix[i], f"{where}.prefixItems[{i}]"), sp))
+            seq = (element, tail) if i == 0 else (b",", sp, element, tail)
+            tail = g.define(seq) if i < lo else g.define((), seq)
+        return g.define((b"[", sp, tail, b"]"))
 
     def ref(self, ref: Any, where: str) -> int:
         if ref in self._refs:

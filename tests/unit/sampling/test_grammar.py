@@ -186,3 +186,62 @@ def test_states_are_shared_inside_strings():
     assert g.feed(state, "some text, é!".encode()) == state
     assert not g.plain_loop(g.start, STRING_BYTE)
     assert Grammar.done(g.feed(state, b'"}'))
+
+
+def test_prefix_items_fix_each_position():
+    schema = {
+        "type": "array",
+        "prefixItems": [{"const": 1}, {"type": "string"}, {"type": "boolean"}],
+        "items": False,
+        "minItems": 2,
+    }
+    g = json_schema_grammar(schema)
+    for doc in ([1, "a"], [1, "a", True]):
+        assert accepts(g, json.dumps(doc))
+    for doc in ([], [1], [2, "a"], [1, "a", True, 4], [1, 2]):
+        assert not accepts(g, json.dumps(doc)), doc
+    more = json_schema_grammar({"prefixItems": [{"const": 0}], "items": {"type": "null"}})
+    assert accepts(more, "[]") and accepts(more, "[0, null, null]")
+    assert not accepts(more, "[null]")
+    with pytest.raises(SchemaError, match="minItems"):
+        json_schema_grammar({"type": "array", "prefixItems": [{}], "items": False, "minItems": 2})
+
+
+def test_the_judges_guided_schemas_admit_only_parseable_replies():
+    """Under the grammar of `guided_listwise_schema`, every reply a random walk finishes
+    validates and is one `parse_listwise` takes for exactly those ids."""
+    from retrograd.rewards.ruler.prompt import (
+        guided_listwise_schema,
+        guided_pairwise_schema,
+        parse_listwise,
+        parse_pairwise,
+    )
+
+    ids = [3, 0, 2]
+    schema = guided_listwise_schema(ids)
+    g = json_schema_grammar(schema)
+    rng = random.Random(2)
+    finished = 0
+    for _ in range(30):
+        state, out = g.start, bytearray()
+        while not Grammar.done(state) and len(out) < 3000:
+            allowed = sorted(g.next_bytes(state))
+            closing = [b for b in allowed if b in b'}]"']
+            pick = rng.choice(closing if closing and rng.random() < 0.1 else allowed)
+            state = g.step(state, pick)
+            out.append(pick)
+        if Grammar.done(state):
+            finished += 1
+            doc = json.loads(out.decode("utf-8", "replace"))
+            jsonschema.validate(doc, schema)
+            assert [s["trajectory_id"] for s in doc["scores"]] == ids
+            assert set(parse_listwise(doc, ids)) == set(ids)
+    assert finished >= 10
+    good = {"scores": [{"trajectory_id": i, "explanation": "x", "score": 0.5} for i in ids]}
+    assert accepts(g, json.dumps(good))
+    good["scores"].reverse()
+    assert not accepts(g, json.dumps(good))  # the order shown
+    pair = json_schema_grammar(guided_pairwise_schema())
+    assert parse_pairwise(json.loads('{"winner": "b", "explanation": ""}')) == "b"
+    assert accepts(pair, '{"winner": "b", "explanation": "' + "x" * 240 + '"}')
+    assert not accepts(pair, '{"winner": "b", "explanation": "' + "x" * 241 + '"}')

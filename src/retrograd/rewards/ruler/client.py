@@ -91,9 +91,15 @@ class JudgeClient:
         return self._api, self._gate
 
     async def complete_json(
-        self, prompt: str, schema_name: str, schema: dict, validate: Callable[[dict], T]
+        self,
+        prompt: str,
+        schema_name: str,
+        schema: dict,
+        validate: Callable[[dict], T],
+        guided: dict | None = None,
     ) -> T:
-        """The validated verdict of one prompt, from the cache when it holds one."""
+        """The validated verdict of one prompt, from the cache when it holds one. `guided`: the
+        schema sent as guided_json (default `schema`), tighter where a grammar can say more."""
         key = cache_key(self.model, prompt)
         row = self.cache.get(key) if self.cache else None
         if row is not None and "scores" in row:
@@ -115,7 +121,7 @@ class JudgeClient:
             return obj, validate(obj)
 
         obj, value = await self._ask(
-            prompt, self.temperature, accept, strict, {"type": "json_object"}, schema
+            prompt, self.temperature, accept, strict, {"type": "json_object"}, guided or schema
         )
         if self.cache is not None:
             self.cache.put(key, scores=obj)

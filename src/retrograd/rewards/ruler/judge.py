@@ -37,6 +37,8 @@ from retrograd.rewards.ruler.prompt import (
     Candidate,
     elide,
     fit,
+    guided_listwise_schema,
+    guided_pairwise_schema,
     listwise_prompt,
     pairwise_prompt,
     parse_listwise,
@@ -144,15 +146,21 @@ class RulerJudge:
     # --- listwise and chunked ------------------------------------------------------------
 
     def _listwise_request(self, shared, members, ids, group_id, index, rubric) -> str:
-        order = permutation(group_id, index, len(ids))
-        items = [(ids[k], *members[ids[k]]) for k in order]
+        items = [(i, *members[i]) for i in _shown(ids, group_id, index)]
         return listwise_prompt(rubric or self.section.rubric or LISTWISE_RUBRIC, shared, items)
 
-    async def _ask_listwise(self, prompt: str, ids: list[int]) -> dict[int, float]:
+    async def _ask_listwise(
+        self, prompt: str, ids: list[int], shown: list[int]
+    ) -> dict[int, float]:
+        """ids: the trajectories scored; shown: them in the prompt's order."""
         self.prompt_chars_max = max(self.prompt_chars_max, len(prompt))
         self.asks += 1
         return await self.client.complete_json(
-            prompt, "ruler_scores", LISTWISE_SCHEMA, lambda obj: parse_listwise(obj, ids)
+            prompt,
+            "ruler_scores",
+            LISTWISE_SCHEMA,
+            lambda obj: parse_listwise(obj, ids),
+            guided=guided_listwise_schema(shown),
         )
 
     async def _listwise_or_chunked(self, shared, members, group_id, rubric, mode) -> list[float]:
@@ -160,7 +168,8 @@ class RulerJudge:
         if mode != "chunked":
             prompt = self._listwise_request(shared, members, list(range(n)), group_id, 0, rubric)
             if len(prompt) <= limit:
-                scores = await self._ask_listwise(prompt, list(range(n)))
+                ids = list(range(n))
+                scores = await self._ask_listwise(prompt, ids, _shown(ids, group_id, 0))
                 return [scores[i] for i in range(n)]
             if mode == "listwise":
                 raise JudgeError(
@@ -183,7 +192,10 @@ class RulerJudge:
                 "two members at a time; lower max_trajectory_chars"
             )
         replies = await asyncio.gather(
-            *(self._ask_listwise(p, c) for p, c in zip(prompts, chunks, strict=True))
+            *(
+                self._ask_listwise(p, c, _shown(c, group_id, k))
+                for k, (p, c) in enumerate(zip(prompts, chunks, strict=True))
+            )
         )
         return strategy.merge_anchored(chunks, list(replies))  # shifts only anchored chunks
 
@@ -202,7 +214,7 @@ class RulerJudge:
             self.prompt_chars_max = max(self.prompt_chars_max, len(prompt))
             self.asks += 1
             return await self.client.complete_json(
-                prompt, "ruler_pairwise", PAIRWISE_SCHEMA, parse_pairwise
+                prompt, "ruler_pairwise", PAIRWISE_SCHEMA, parse_pairwise, guided_pairwise_schema()
             )
 
         forward = [ask(i, j) for i, j in pairs]
@@ -308,3 +320,8 @@ def _transcript(messages: list[dict]) -> str:
         named = ", ".join(c.get("function", {}).get("name", "?") for c in calls)
         lines.append(f"{m.get('role', '?')}: {content}" + (f" [calls: {named}]" if named else ""))
     return "\n".join(lines)
+
+
+def _shown(ids: list[int], group_id: str, index: int) -> list[int]:
+    """The order request `index` of a group shows its trajectories in (see `permutation`)."""
+    return [ids[k] for k in permutation(group_id, index, len(ids))]

@@ -57,6 +57,41 @@ PAIRWISE_SCHEMA: dict[str, Any] = {
 }
 
 
+GUIDED_EXPLANATION_CHARS = 240  # an explanation's bound under constrained decoding
+
+
+def guided_listwise_schema(ids: Sequence[int]) -> dict[str, Any]:
+    """The listwise schema an endpoint decoding under a grammar (`guided_json`) gets: one item
+    per trajectory shown, in the order shown, with its id fixed and a bounded explanation, so
+    that even a model that cannot follow the prompt answers something `parse_listwise` takes."""
+    explanation = {"type": "string", "maxLength": GUIDED_EXPLANATION_CHARS}
+    score = {"type": "number", "minimum": 0, "maximum": 1}
+    item = {
+        "type": "object",
+        "properties": {"explanation": explanation, "score": score},
+        "required": ["trajectory_id", "explanation", "score"],
+        "additionalProperties": False,
+    }
+    items = [
+        dict(item, properties={"trajectory_id": {"const": i}, **item["properties"]}) for i in ids
+    ]
+    scores = {
+        "type": "array",
+        "prefixItems": items,
+        "items": False,
+        "minItems": len(items),
+    }
+    return dict(LISTWISE_SCHEMA, properties={"scores": scores})
+
+
+def guided_pairwise_schema() -> dict[str, Any]:
+    """The pairwise schema under a grammar: the explanation bounded."""
+    explanation = {"type": "string", "maxLength": GUIDED_EXPLANATION_CHARS}
+    return dict(
+        PAIRWISE_SCHEMA, properties=dict(PAIRWISE_SCHEMA["properties"], explanation=explanation)
+    )
+
+
 class JudgeReplyError(ValueError):
     """A judge reply that §3.2 refuses; the client retries the request."""
 

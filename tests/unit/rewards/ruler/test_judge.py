@@ -82,6 +82,28 @@ def test_listwise_maps_presentation_order_back(monkeypatch, tmp_path):
     assert prompt.startswith("Rank each trajectory relative to the others.")
 
 
+def test_a_plain_endpoint_gets_the_guided_schemas(monkeypatch, tmp_path):
+    """After a refusal of response_format, listwise requests send guided_json with the ids in
+    the order shown, pairwise ones the bounded pairwise schema; both compile to grammars."""
+    from retrograd.rewards.ruler.prompt import guided_listwise_schema, guided_pairwise_schema
+    from retrograd.sampling.grammar import json_schema_grammar
+
+    refusal = status(400, "response_format: response_format type 'json_schema' is not supported")
+    tie = reply(json.dumps({"winner": "tie", "explanation": ""}))
+    with scripted_openai([refusal, listwise(), tie, tie]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "listwise"})
+        assert ruler.score_group(group(0.1, 0.9, 0.4), group_id=7) == [0.1, 0.9, 0.4]
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "pairwise", "max_pairs": 1})
+        ruler.client.plain = True  # what the first judge learned, for a new client
+        assert ruler.score_group(group(0.1, 0.9), group_id=7) == [0.5, 0.5]
+    listed = api.requests[1]
+    ids = [t["trajectory_id"] for t in shown(listed)]
+    assert listed["guided_json"] == guided_listwise_schema(ids) and ids == permutation(7, 0, 3)
+    assert api.requests[2]["guided_json"] == guided_pairwise_schema()
+    for body in api.requests[1:]:
+        json_schema_grammar(body["guided_json"])
+
+
 def test_a_reply_with_wrong_ids_is_retried(monkeypatch, tmp_path):
     wrong = reply('{"scores": [{"trajectory_id": 7, "explanation": "", "score": 1}]}')
     with scripted_openai([wrong, listwise()]) as api:
