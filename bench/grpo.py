@@ -79,10 +79,11 @@ def write_prompts(workdir: Path, n: int) -> None:
     (workdir / "prompts.json").write_text(json.dumps(shared))
 
 
-def run_worker(kind: str, args, variant: str = "") -> dict:
+def run_worker(kind: str, args, variant: str = "", script: str = __file__) -> dict:
+    """One side in its own process: `script --worker kind` (bench/ppo.py reuses this)."""
     time.sleep(args.rest)  # each side starts from an idle machine
     load = os.getloadavg()[0]
-    cmd = [sys.executable, __file__, "--worker", kind, "--variant", variant]
+    cmd = [sys.executable, script, "--worker", kind, "--variant", variant]
     for key in ("workdir", "threads", "warmup", "updates", "prompts", "group", "new", "ctx"):
         cmd += [f"--{key}", str(getattr(args, key))]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -115,11 +116,11 @@ def phase_ratio(theirs: float, ours: float) -> str:
     return "-" if max(theirs, ours) < 0.01 else f"{theirs / max(ours, 1e-3):.2f}x"
 
 
-def report(args, res: dict, rounds: list[tuple[str, dict, dict]]) -> None:
+def report(args, res: dict, rounds: list[tuple[str, dict, dict]], ours_is: str = "GRPO") -> None:
     ours = res["ours"]
     answers = args.prompts * args.group
     print(
-        f"\nGemma 3 270M Q4_K_M, GRPO LoRA rank 8 on 7 projections, {args.prompts} prompts x "
+        f"\nGemma 3 270M Q4_K_M, {ours_is} LoRA rank 8 on 7 projections, {args.prompts} prompts x "
         f"group {args.group} x {args.new} new tokens ({answers * args.new} answer tokens an "
         f"update), beta 0, DAPO token mean, AdamW lr 2e-4, {args.threads} threads; "
         f"{args.updates} timed updates after {args.warmup}; seconds per update (mean)"
@@ -144,7 +145,7 @@ def report(args, res: dict, rounds: list[tuple[str, dict, dict]]) -> None:
             f"groups with zero reward spread {r['zero_std_groups']}; attention "
             f"{r['attention']}, {r['optimizer_kind']}"
         )
-    print(f"  ours: trained fraction {ours['trained_fraction']}; {ours['cache']}")
+    print(f"  ours: trained fraction {ours.get('trained_fraction')}; {ours['cache']}")
     for name, trl, mine in rounds:
         speed = mean(trl, "total") / mean(mine, "total")
         print(
@@ -161,9 +162,11 @@ def report(args, res: dict, rounds: list[tuple[str, dict, dict]]) -> None:
     )
 
 
-def main() -> None:
+def main(script: str = __file__, ours_is: str = "GRPO", workers=None, doc=__doc__) -> None:
+    """The driver; bench/ppo.py runs it with its own script, label and our worker."""
+    workers = workers or {"trl": worker_trl, "ours": worker_ours}
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--updates", type=int, default=2, help="timed updates per side")
@@ -181,7 +184,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         tuning = tune()  # every worker, ours included, before torch: the same process tuning
-        fn = {"trl": worker_trl, "ours": worker_ours}[args.worker]
+        fn = workers[args.worker]
         print(json.dumps(fn(args) | {"tuning": tuning}))
         return
     assert args.warmup >= 1, "--warmup must be at least 1: an update's time needs the previous end"
@@ -193,13 +196,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as workdir:
         args.workdir = workdir
         write_prompts(Path(workdir), (args.warmup + args.updates) * args.prompts)
-        res = {f"trl {v}": run_worker("trl", args, v) for v in variants}
-        res["ours"] = run_worker("ours", args)
+        res = {f"trl {v}": run_worker("trl", args, v, script) for v in variants}
+        res["ours"] = run_worker("ours", args, "", script)
         best = min(variants, key=lambda v: mean(res[f"trl {v}"], "total"))
         rounds = [(best, res[f"trl {best}"], res["ours"])]
         for _ in range(args.rounds - 1):
-            rounds.append((best, run_worker("trl", args, best), run_worker("ours", args)))
-    report(args, res, rounds)
+            rounds.append(
+                (best, run_worker("trl", args, best, script), run_worker("ours", args, "", script))
+            )
+    report(args, res, rounds, ours_is)
 
 
 if __name__ == "__main__":

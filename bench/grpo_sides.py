@@ -250,12 +250,7 @@ def worker_ours(args) -> dict:
     the grpo_epochs passes (forward, backward, clipping, AdamW step)."""
     import sys
 
-    import torch
-
     from retrograd.algorithms.grpo import run_grpo
-    from retrograd.algorithms.persist import Sinks
-    from retrograd.config import load_run
-    from retrograd.observe import names
 
     ignore_end_of_generation()
     workdir = Path(args.workdir)
@@ -279,6 +274,18 @@ def worker_ours(args) -> dict:
             new=args.new,
         )
     )
+    return measure_ours(args, run_grpo, run_file)
+
+
+def measure_ours(args, loop, run_file: Path) -> dict:
+    """Run one of our rollout loops (`run_grpo`, `run_ppo`) on `run_file` and time it the same
+    way: phases as its timing/* values per update, the update's end at its sinks' step."""
+    import torch
+
+    from retrograd.algorithms.persist import Sinks
+    from retrograd.config import load_run
+    from retrograd.observe import names
+
     keys = {
         "generation": names.GENERATION_SECONDS,
         "reward": names.REWARD_SECONDS,
@@ -309,7 +316,7 @@ def worker_ours(args) -> dict:
                 }
             )
 
-    run_grpo(load_run(run_file), sinks=Clock(quiet=True), run_file=run_file)
+    loop(load_run(run_file), sinks=Clock(quiet=True), run_file=run_file)
     return {
         "updates": phases_of(ends, parts, args.warmup),
         "first_update_s": ends[0] - begun[0],

@@ -93,14 +93,16 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path, ena
     )
     result = run_ppo(load_run(run), run_file=run, sinks=sinks())
     rewards = result.rewards
-    assert len(rewards) == 8 and result.global_step == 16
+    # two optimizer steps an update with signal; once every answer scores alike, none
+    assert len(rewards) == 8 and result.global_step % 2 == 0 and 6 <= result.global_step <= 16
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
     assert last > first + 0.1, rewards
     assert (tmp_path / "out" / "adapter.gguf").exists()
     tb = tmp_path / "tb"
-    assert sorted(scalars(tb, "reward/mean")) == list(range(2, 17, 2))
+    steps = set(range(2, result.global_step + 1, 2))
+    assert set(scalars(tb, "reward/mean")) == steps  # a skipped update reports at its step
     for tag in ("policy/surrogate_loss", "policy/kl", "policy/clip_fraction"):
-        assert len(scalars(tb, tag)) == 8, tag
+        assert set(scalars(tb, tag)) == steps, tag
     # the second pass of each update has moved away from the sampler: KL > 0, some clipping
     assert max(scalars(tb, "policy/kl").values()) > 0
     assert max(scalars(tb, "policy/clip_fraction").values()) > 0
@@ -108,9 +110,11 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path, ena
     for tag in critic_tags:
         assert bool(scalars(tb, tag)) == enabled, tag
     if enabled:
-        # 16 answers of at most 8 tokens, 64 float32 features each: at most 32 KiB
-        mib = scalars(tb, "critic/feature_mib")
-        assert all(0 < v <= 16 * 8 * 64 * 4 / 2**20 for v in mib.values()), mib
+        # the 16 answers' tokens x n_embd float32 features
+        n_embd = _n_embd(chat_model)
+        mib, length = scalars(tb, "critic/feature_mib"), scalars(tb, "completions/length_mean")
+        for step, v in mib.items():
+            assert v == pytest.approx(16 * length[step] * n_embd * 4 / 2**20), (step, v)
         losses = list(scalars(tb, "policy/value_loss").values())
         assert all(np.isfinite(losses))
 
@@ -143,13 +147,13 @@ def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
 
 def test_the_reference_default_passes_give_the_whole_context_update(chat_model, tmp_path):
     """ctx 128 with the reference's micro_batch (32, gradient_accumulation left out): an
-    update's answers go through several passes and give the update of one pass over everything."""
+    update's answers go one a pass and give the update of passes of several answers (128)."""
     from gguf import GGUFReader
 
     from retrograd.algorithms.ppo import run_ppo
 
     adapters, losses = [], []
-    for name, micro in (("default", None), ("whole", 128 * 16)):
+    for name, micro in (("default", None), ("wide", 128)):
         tmp = tmp_path / name
         tmp.mkdir()
         training = {"ctx": 128, "micro_batch": micro, "gradient_accumulation": None, "lr": 1e-3}
@@ -168,13 +172,19 @@ def test_the_reference_default_passes_give_the_whole_context_update(chat_model, 
         reader = GGUFReader(tmp / "out" / "adapter.gguf")
         adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
         losses.append(scalars(tmp / "tb", "policy/surrogate_loss")[1])
-    default, whole = adapters
-    assert default.keys() == whole.keys() and default
+    default, wide = adapters
+    assert default.keys() == wide.keys() and default
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
-    moved = sum(float(np.abs(v).sum()) for k, v in whole.items() if k.endswith(".lora_b"))
+    moved = sum(float(np.abs(v).sum()) for k, v in wide.items() if k.endswith(".lora_b"))
     assert moved > 0
-    diff = sum(float(np.abs(default[k] - whole[k]).sum()) for k in whole)
+    diff = sum(float(np.abs(default[k] - wide[k]).sum()) for k in wide)
     assert diff < 1e-3 * moved, (diff, moved)
+
+
+def _n_embd(model: Path) -> int:
+    from retrograd.gguf import GGUFFile
+
+    return int(GGUFFile(model).get("gemma3.embedding_length"))
 
 
 def _final_state(directory: Path):

@@ -33,21 +33,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, persist, rollout_run
 from retrograd.algorithms.evaluate import (
     Patience,
-    first_last,
     held_out_rewards,
     report_rewards,
 )
+from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
-from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.errors import JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
-from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.optim import lr_at
 from retrograd.rewards.judge import group_id, open_judge
 from retrograd.rewards.program import RewardRequest, reward_program
 from retrograd.rewards.ruler.prompt import Candidate
@@ -60,8 +59,6 @@ from retrograd.rollout.shaping import (
     assign_advantages,
     zero_signal,
 )
-from retrograd.sampling import Sampler
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 log = logging.getLogger(__name__)
 # [grpo] keys that change no step: a resumed run may change them
@@ -104,16 +101,7 @@ class Position:
         )
 
 
-@dataclass
-class GRPOResult:
-    output: Path
-    updates: int
-    global_step: int
-    stopped: str | None  # why the run stopped before its last update, if it did
-    seconds: float
-    rewards: list[float] = field(default_factory=list)  # mean reward of each update
-    evals: list[tuple[int, float]] = field(default_factory=list)
-    best_eval: float | None = None
+GRPOResult = RolloutResult
 
 
 def total_steps(cfg) -> int:
@@ -131,37 +119,17 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     g, training = cfg.grpo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
     check_available(cfg)
-    check_mode(training.trainable)
-    outputs.check_outputs(cfg, run_file)
-    prompt_file = read_prompts(g.prompts, "[grpo].prompts")
-    held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
-    model = context.load_model(cfg)
-    context.preflight_check(model, training, getattr(sinks, "console", None))
-    context.apply_memory_knobs(model, training)
-    chat = context.chat_format(model)
-    prompts = render_prompts(prompt_file, chat, training.ctx)
-    held = render_prompts(held_file, chat, training.ctx) if held_file else None
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [p for _, p in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
-    rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
+    b = rollout_run.build(cfg, g.prompts, "[grpo].prompts", sinks, run_file)
+    model, named, optimizer, plan, adapters = b.model, b.named, b.optimizer, b.plan, b.adapters
+    params, rate, steps, sampler, held = b.params, b.rate, total_steps(cfg), b.sampler, b.held
     reference = context.reference(cfg, model, adapters)
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
-    )
-    stream = PromptStream(prompts, g.prompt_order, g.sampling.seed)
+    stream = PromptStream(b.prompts, g.prompt_order, g.sampling.seed)
     settings = {
         "grpo": g.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "fast_sampling_context": training.fast_sampling_context,
         "reference": context.reference_id(cfg),
     }
-    fingerprints = {
-        "prompts": prompt_file.fingerprint,
-        "eval": held_file.fingerprint if held_file else None,
-    }
-    run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
+    run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
     sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
@@ -175,20 +143,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     if found is not None:
         pos = Position.restored(persist.restore(found, run, named, optimizer, patience))
         kl.load_state_dict(pos.kl)
-    sinks.start(
-        cfg,
-        model,
-        plan,
-        g.updates,  # the bar counts updates: one without signal makes no optimizer step
-        data=(prompt_file.path, f"{prompt_file.path.name}: {len(prompts)} prompts"),
-        held=(held_file.path, f"{held_file.path.name}: {len(held)} prompts") if held else None,
-        iterations=g.updates,
-        initial_step=pos.global_step,
-        unit="update",
-        initial_position=pos.update,
-    )
-    if found is not None:
-        sinks.resumed(found[1], pos.global_step)
+    rollout_run.start(sinks, cfg, b, g.updates, pos, found)
     result = GRPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
     observe = ObserveWriter.open(
         cfg.observe,
@@ -283,20 +238,9 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         if observe is not None:
             observe.close()
     # 4. export; if that fails, the trained adapter is kept elsewhere and the error says where
-    persist.export_or_keep(
-        cfg, model, run_file, run, pos.mark(), named, optimizer, plan, adapters, patience, steps
+    return rollout_run.finish(
+        cfg, b, run_file, run, pos.mark(), patience, steps, result, started, sinks
     )
-    result.updates, result.global_step = pos.update, pos.global_step
-    result.best_eval = -patience.best if patience.best != float("inf") else None
-    result.seconds = time.perf_counter() - started
-    sinks.finish(
-        {
-            "adapter": str(result.output),
-            "mean reward, first -> last update": first_last(result.rewards),
-            "stopped early": result.stopped or "no",
-        }
-    )
-    return result
 
 
 # -- sampling and rewards ------------------------------------------------------------------
@@ -357,38 +301,41 @@ def _reward(cfg, program, judge, groups: list[Group]) -> float:
         weights[id(r)] = g.judge_weight if reply.judge_weight is None else reply.judge_weight
     t0 = time.perf_counter()
     if judge is not None:
-        for grp in groups:
-            _judge_group(cfg, judge, grp, [weights[id(r)] for r in grp.members])
+        _judge_groups(cfg, judge, groups, weights)
     if g.overlong_penalty is not None:
         o = g.overlong_penalty
         apply_overlong_penalty(groups, g.sampling.max_new_tokens, o.buffer_tokens, o.max_penalty)
     return time.perf_counter() - t0
 
 
-def _judge_group(cfg, judge, group: Group, weights: list[float]) -> None:
-    """reward += weight x verdict (formats.md §3.5); a group whose every weight is 0 is not
-    sent. A failing judge drops the group (it keeps its verifiable reward but leaves the
-    baseline and the loss), or fails the run with judge_failure = "fail"."""
-    if not any(weights):
-        for r in group.members:
-            r.judge_term = 0.0
-        return
-    candidates = [
-        Candidate([*r.prompt.messages, {"role": "assistant", "content": r.text}])
-        for r in group.members
-    ]
-    try:
-        verdicts = judge.score_group(
-            candidates, group_id(group.update, group.index), group.prompt.rubric
-        )
-    except JudgeError as e:
-        if cfg.grpo.judge_failure == "fail":
-            raise
-        log.warning("update %d, group %d: %s; the group is dropped", group.update, group.index, e)
-        group.skip("judge_dropped")
-        return
-    for r, w, v in zip(group.members, weights, verdicts, strict=True):
-        r.judge_term = w * v
+def _judge_groups(cfg, judge, groups: list[Group], weights: dict[int, float]) -> None:
+    """reward += weight x verdict (formats.md §3.5), every group's requests at once; a group
+    whose every weight is 0 is not sent. A failing judge drops the group (it keeps its
+    verifiable reward but leaves the baseline and the loss), or fails the run with
+    judge_failure = "fail"."""
+    sent, jobs = [], []
+    for grp in groups:
+        if not any(weights[id(r)] for r in grp.members):
+            for r in grp.members:
+                r.judge_term = 0.0
+            continue
+        candidates = [
+            Candidate([*r.prompt.messages, {"role": "assistant", "content": r.text}])
+            for r in grp.members
+        ]
+        sent.append(grp)
+        jobs.append((candidates, group_id(grp.update, grp.index), grp.prompt.rubric))
+    for grp, verdicts in zip(sent, judge.score_groups(jobs), strict=True):
+        if isinstance(verdicts, JudgeError):
+            if cfg.grpo.judge_failure == "fail":
+                raise verdicts
+            log.warning(
+                "update %d, group %d: %s; the group is dropped", grp.update, grp.index, verdicts
+            )
+            grp.skip("judge_dropped")
+            continue
+        for r, v in zip(grp.members, verdicts, strict=True):
+            r.judge_term = weights[id(r)] * v
 
 
 def _judge_metrics(groups: list[Group], judge) -> dict[str, float]:

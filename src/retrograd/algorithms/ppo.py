@@ -28,29 +28,27 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, outputs, persist
-from retrograd.algorithms.evaluate import Patience, first_last, held_out_rewards, report_rewards
+from retrograd.algorithms import context, persist, rollout_run
+from retrograd.algorithms.evaluate import Patience, held_out_rewards, report_rewards
+from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
-from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.losses.value import gae, value_loss, whiten
 from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
-from retrograd.optim import base_lr, build_optimizer, lr_at
+from retrograd.optim import lr_at
 from retrograd.rewards.program import RewardRequest, reward_program
 from retrograd.rollout.passes import fanout, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
-from retrograd.sampling import Sampler
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 from retrograd.trainable.value_head import FEATURE_DTYPES, ValueHead
 
 log = logging.getLogger(__name__)
@@ -76,16 +74,7 @@ class Position:
         )
 
 
-@dataclass
-class PPOResult:
-    output: Path
-    updates: int
-    global_step: int
-    stopped: str | None  # why the run stopped before its last update, if it did
-    seconds: float
-    rewards: list[float] = field(default_factory=list)  # mean reward of each update
-    evals: list[tuple[int, float]] = field(default_factory=list)
-    best_eval: float | None = None
+PPOResult = RolloutResult
 
 
 def total_steps(cfg) -> int:
@@ -97,36 +86,16 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
     p, training = cfg.ppo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
     context.check_rollout_keys(training, "ppo")
-    check_mode(training.trainable)
-    outputs.check_outputs(cfg, run_file)
-    prompt_file = read_prompts(p.prompts, "[ppo].prompts")
-    held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
-    model = context.load_model(cfg)
-    context.preflight_check(model, training, getattr(sinks, "console", None))
-    context.apply_memory_knobs(model, training)
-    chat = context.chat_format(model)
-    prompts = render_prompts(prompt_file, chat, training.ctx)
-    held = render_prompts(held_file, chat, training.ctx) if held_file else None
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [q for _, q in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
-    rate, steps = base_lr(training, cfg.optimizer), total_steps(cfg)
+    b = rollout_run.build(cfg, p.prompts, "[ppo].prompts", sinks, run_file)
+    model, named, optimizer, plan = b.model, b.named, b.optimizer, b.plan
+    steps = total_steps(cfg)
     critic = ValueHead(model.config.n_embd, p.critic.value_lr) if p.critic.enabled else None
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
-    )
-    stream = PromptStream(prompts, "sequential", p.sampling.seed)
+    stream = PromptStream(b.prompts, "sequential", p.sampling.seed)
     settings = {
         "ppo": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "fast_sampling_context": training.fast_sampling_context,
     }
-    fingerprints = {
-        "prompts": prompt_file.fingerprint,
-        "eval": held_file.fingerprint if held_file else None,
-    }
-    run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
+    run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
     sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
@@ -141,20 +110,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
         pos = Position(state.progress.update, state.dataset.index, state.global_step)
         if critic is not None:
             critic.load_bytes(state.artifacts[VALUE_HEAD])
-    sinks.start(
-        cfg,
-        model,
-        plan,
-        p.updates,
-        data=(prompt_file.path, f"{prompt_file.path.name}: {len(prompts)} prompts"),
-        held=(held_file.path, f"{held_file.path.name}: {len(held)} prompts") if held else None,
-        iterations=p.updates,
-        initial_step=pos.global_step,
-        unit="update",
-        initial_position=pos.update,
-    )
-    if found is not None:
-        sinks.resumed(found[1], pos.global_step)
+    rollout_run.start(sinks, cfg, b, p.updates, pos, found)
     result = PPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
     observe = ObserveWriter.open(
         cfg.observe,
@@ -174,7 +130,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             concurrency = t.generation_concurrency or min(p.rollout_batch_size, t.ctx, 256)
             batch = stream.draw(pos.cursor, p.rollout_batch_size)
             groups = sample_groups(
-                sampler, batch, update, 0, size=1, sampling=p.sampling, concurrency=concurrency
+                b.sampler, batch, update, 0, size=1, sampling=p.sampling, concurrency=concurrency
             )
             answers = [g.members[0] for g in groups]
             t1 = time.perf_counter()
@@ -203,12 +159,12 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             if signal:
                 for _ in range(p.ppo_epochs):
                     lr = lr_at(
-                        pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
+                        pos.global_step, steps, b.rate, training.lr_scheduler, training.warmup_steps
                     )
                     out = _epoch(cfg, model.decoder, answers)
                     loss = out[names.TRAIN_LOSS]
                     checked_step(
-                        params, optimizer, training.max_grad_norm, lr, loss, f"update {update}"
+                        b.params, optimizer, training.max_grad_norm, lr, loss, f"update {update}"
                     )
                     pos.global_step += 1
                     values.update(out)
@@ -219,6 +175,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
                 values.update(_train_critic(cfg, critic, features, returns, update))
             for r in answers:
                 r.trained = signal
+            values[names.TRAINED_FRACTION] = float(signal)
             pos = Position(update, pos.cursor + p.rollout_batch_size, pos.global_step)
             # 3g. report, observe, evaluate, checkpoint
             if observe is not None:
@@ -226,16 +183,16 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
                 values[names.OBSERVE_DROPPED] = observe.dropped_batches
                 observe.update(update, "completed" if signal else "skipped", values)
             tokens = sum(r.n_tokens for r in answers)
-            epoch = max(pos.cursor - 1, 0) // len(prompts) + 1  # the pass over the prompts
+            epoch = max(pos.cursor - 1, 0) // len(b.prompts) + 1  # the pass over the prompts
             seconds = time.perf_counter() - t0
             sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             mark = pos.mark(critic)
-            if held is not None and _evaluate_now(cfg, update):
+            if b.held is not None and _evaluate_now(cfg, update):
                 t1 = time.perf_counter()
-                picked = held_out(held, cfg.evaluation.max_examples)
-                rewards, _ = held_out_rewards(sampler, program, picked, p.sampling)
+                picked = held_out(b.held, cfg.evaluation.max_examples)
+                rewards, _ = held_out_rewards(b.sampler, program, picked, p.sampling)
                 seconds = time.perf_counter() - t1
                 if report_rewards(rewards, pos, patience, result, sinks, seconds):
                     persist.save_best(
@@ -252,30 +209,8 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
         if observe is not None:
             observe.close()
     # 4. export: the adapter alone (the value head lives in checkpoints only)
-    persist.export_or_keep(
-        cfg,
-        model,
-        run_file,
-        run,
-        pos.mark(critic),
-        named,
-        optimizer,
-        plan,
-        adapters,
-        patience,
-        steps,
-    )
-    result.updates, result.global_step = pos.update, pos.global_step
-    result.best_eval = -patience.best if patience.best != float("inf") else None
-    result.seconds = time.perf_counter() - started
-    sinks.finish(
-        {
-            "adapter": str(result.output),
-            "mean reward, first -> last update": first_last(result.rewards),
-            "stopped early": result.stopped or "no",
-        }
-    )
-    return result
+    mark = pos.mark(critic)
+    return rollout_run.finish(cfg, b, run_file, run, mark, patience, steps, result, started, sinks)
 
 
 # -- scores and advantages -----------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""The frame the reward-driven rollout loops (ppo, grpo) share around their updates: what is
+built and checked before the first one, the sinks' start, the result record, and the export and
+summary after the last one.
+
+It reads the shared sections ([training], [lora], [evaluation], [output]) and the prompt file
+the loop names; the loop keeps its own section, its phases, its positions and its settings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms.evaluate import first_last
+from retrograd.data.prompts import read_prompts, render_prompts
+from retrograd.optim import base_lr, build_optimizer
+from retrograd.sampling import Sampler
+from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
+
+
+@dataclass
+class RolloutResult:
+    output: Path
+    updates: int
+    global_step: int
+    stopped: str | None  # why the run stopped before its last update, if it did
+    seconds: float
+    rewards: list[float] = field(default_factory=list)  # mean reward of each update
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    best_eval: float | None = None
+
+
+@dataclass
+class Built:
+    """What a rollout loop trains with: model, prompts, plan, optimizer, sampler."""
+
+    model: object
+    prompt_file: object
+    held_file: object | None
+    prompts: list
+    held: list | None
+    plan: object
+    adapters: dict
+    named: list
+    params: list
+    optimizer: object
+    rate: float
+    sampler: Sampler
+
+    @property
+    def fingerprints(self) -> dict:
+        return {
+            "prompts": self.prompt_file.fingerprint,
+            "eval": self.held_file.fingerprint if self.held_file else None,
+        }
+
+
+def build(cfg, prompts_path, where: str, sinks, run_file) -> Built:
+    """Everything that can be checked is checked before the model loads; then the model, the
+    rendered prompts, the LoRA plan, the optimizer and the sampler. `where` names the prompts
+    key in errors ("[ppo].prompts")."""
+    training = cfg.training
+    check_mode(training.trainable)
+    outputs.check_outputs(cfg, run_file)
+    prompt_file = read_prompts(prompts_path, where)
+    held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
+    model = context.load_model(cfg)
+    context.preflight_check(model, training, getattr(sinks, "console", None))
+    context.apply_memory_knobs(model, training)
+    chat = context.chat_format(model)
+    prompts = render_prompts(prompt_file, chat, training.ctx)
+    held = render_prompts(held_file, chat, training.ctx) if held_file else None
+    init = cfg.lora.init_adapter if cfg.lora else None
+    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
+    named = trained_parameters(adapters)
+    params = [q for _, q in named]
+    optimizer = build_optimizer(params, training, cfg.optimizer)
+    sampler = Sampler(
+        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
+    )
+    rate = base_lr(training, cfg.optimizer)
+    return Built(
+        model, prompt_file, held_file, prompts, held, plan, adapters, named, params, optimizer,
+        rate, sampler,
+    )  # fmt: skip
+
+
+def start(sinks, cfg, b: Built, updates: int, pos, found) -> None:
+    """The plan on the terminal and the sinks open, counting updates from `pos.update`."""
+    prompts, held = b.prompt_file, b.held_file
+    sinks.start(
+        cfg,
+        b.model,
+        b.plan,
+        updates,  # the bar counts updates: one without signal makes no optimizer step
+        data=(prompts.path, f"{prompts.path.name}: {len(b.prompts)} prompts"),
+        held=(held.path, f"{held.path.name}: {len(b.held)} prompts") if held else None,
+        iterations=updates,
+        initial_step=pos.global_step,
+        unit="update",
+        initial_position=pos.update,
+    )
+    if found is not None:
+        sinks.resumed(found[1], pos.global_step)
+
+
+def finish(
+    cfg, b: Built, run_file, run, mark, patience, steps: int, result: RolloutResult, started, sinks
+) -> RolloutResult:
+    """Export the adapter (kept elsewhere if that fails, and the error says where), fill the
+    result and print the summary."""
+    persist.export_or_keep(
+        cfg, b.model, run_file, run, mark, b.named, b.optimizer, b.plan, b.adapters, patience, steps
+    )
+    result.updates, result.global_step = mark.update, mark.global_step
+    result.best_eval = -patience.best if patience.best != float("inf") else None
+    result.seconds = time.perf_counter() - started
+    sinks.finish(
+        {
+            "adapter": str(result.output),
+            "mean reward, first -> last update": first_last(result.rewards),
+            "stopped early": result.stopped or "no",
+        }
+    )
+    return result
