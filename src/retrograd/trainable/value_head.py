@@ -7,11 +7,12 @@ part of the adapter: the LoRA GGUF export never holds it; checkpoints keep it as
 Starts at zero (every value 0): no seed to derive, and the first update's advantages are the
 rewards' own (GAE with V = 0).
 
-NOTE: the head reads each feature vector RMS-normalised and divided by √n_embd. Hidden states
-differ in scale from model to model (Gemma's final norm weights reach the tens), and Adam moves
-every weight by about value_lr a step whatever its gradient: on raw features one step could
-move a value by n_embd · value_lr · |h|, far past rewards in [0, 1]. Normalised, a step moves a
-value by about value_lr, on any model.
+NOTE: the head reads each feature vector scaled to norm 1 (RMS-normalised, divided by
+√n_embd). Hidden states differ in scale from model to model (Gemma's final norm weights reach
+the tens), and Adam moves every weight by about value_lr a step whatever its gradient: on raw
+features one step could move a value by value_lr · |h|_1, far past rewards in [0, 1]. On unit
+features a step moves a value by value_lr · (1 + |ĥ|_1) at most, value_lr · (1 + √n_embd) where
+every feature agrees, about 2 · value_lr where they do not, on any model.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ FEATURE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bflo
 
 
 class ValueHead(nn.Module):
-    """V(h) = w·ĥ + b, ĥ = h / (rms(h) √n_embd), on float32 features."""
+    """V(h) = w·ĥ + b, ĥ = h / |h|_2 (rms(h) √n_embd), on float32 features."""
 
     def __init__(self, n_embd: int, lr: float):
         super().__init__()
