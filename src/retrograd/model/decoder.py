@@ -494,8 +494,10 @@ class Decoder(nn.Module):
                 return y
 
             # NOTE: the stored input is the segment's only saved activation; f16/bf16 storage
-            # halves it and rounds the residual stream at segment boundaries.
-            x = checkpoint(run, x.to(dtype), use_reentrant=False)
+            # halves it and rounds the residual stream at segment boundaries. early_stop off:
+            # stopping the recomputation early trips over the compiled kernels inside
+            # (torch.utils.checkpoint: "target_frame.early_stop is set" in 16-bit compute).
+            x = checkpoint(run, x.to(dtype), use_reentrant=False, early_stop=False)
         return x
 
     def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:
