@@ -145,6 +145,7 @@ def test_hybrid_trains_the_adapter_and_the_norms_together(tiny_model, tmp_path):
         tmp_path,
         model,
         "hybrid",
+        training={"ctx": 128, "micro_batch": 32, "gradient_accumulation": 1},  # the defaults
         lora={"rank": 4, "targets": ["q", "v"], "dtype": "f32"},
         trainable={"norms": True},
     )
