@@ -445,7 +445,8 @@ def test_a_ruler_judge_adds_its_verdict_and_a_failed_group_is_dropped(
     with scripted_openai([verdict, status(500), verdict, verdict]) as api:
         judge = (
             f'type = "ruler"\nbase_url = "{api.base_url}"\nmodel = "judge"\n'
-            'api_key_env = "GRPO_JUDGE_KEY"\nmax_retries = 0\ntemperature = 0.0'
+            'api_key_env = "GRPO_JUDGE_KEY"\nmax_retries = 0\ntemperature = 0.0\n'
+            "max_concurrency = 1"  # the groups' requests in order: the second one fails
         )
         run = write_run(
             tmp_path,

@@ -4,7 +4,8 @@ It speaks the oneshot reward transport: one request line per member, stdin close
 `{"reward": x}` line per member back, exit 0. Replies are stricter than a reward program's:
 any key besides "reward" is refused. How a verdict enters the reward (judge_weight, members of
 weight 0 never sent, judge_failure) is the GRPO loop's business, not this module's.
-`open_judge` opens either type of judge; both score a group with `score_group`.
+`open_judge` opens either type of judge; both score a group with `score_group`, and groups
+with `score_groups` (a ruler judge sends every group's requests at once).
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ class CommandJudge:
         judge_request. A command judge has no rubric or final state to show; its program
         numbers groups itself, so `group_id` is unused."""
         return self.score([judge_request(c.messages) for c in candidates])
+
+    def score_groups(
+        self, jobs: Sequence[tuple[Sequence[Any], int, str | None]]
+    ) -> list[list[float] | JudgeError]:
+        """Groups one after the other (the program reads one group at a time): per group its
+        scores, or the JudgeError it failed with."""
+        out: list[list[float] | JudgeError] = []
+        for job in jobs:
+            try:
+                out.append(self.score_group(*job))
+            except JudgeError as e:
+                out.append(e)
+        return out
 
     def stats(self) -> dict[str, float]:
         """No judge/ metrics beyond those the loops count."""

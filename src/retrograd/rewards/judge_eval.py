@@ -144,15 +144,23 @@ def evaluate(judge, fixtures: Sequence[Fixture]) -> list[Row]:
     noise together. A JudgeError marks its fixture failed; the others go on."""
     from retrograd.rewards.ruler.prompt import Candidate
 
+    groups = [
+        [Candidate([*fx.context, *c.messages], c.env_state) for c in fx.candidates]
+        for fx in fixtures
+    ]
+    n = len(fixtures)
+    jobs = [(groups[i], i, fx.rubric) for i, fx in enumerate(fixtures)]
+    jobs += [(groups[i], n + i, fx.rubric) for i, fx in enumerate(fixtures)]
+    results = judge.score_groups(jobs)  # every request at once, max_concurrency in flight
     rows = []
     for i, fx in enumerate(fixtures):
-        group = [Candidate([*fx.context, *c.messages], c.env_state) for c in fx.candidates]
         row = Row(fx)
-        try:
-            row.first = list(judge.score_group(group, i, fx.rubric))
-            row.second = list(judge.score_group(group, len(fixtures) + i, fx.rubric))
-        except JudgeError as e:
-            row.error = str(e)
+        first, second = results[i], results[n + i]
+        failed = next((r for r in (first, second) if isinstance(r, JudgeError)), None)
+        if failed is not None:
+            row.error = str(failed)
+        else:
+            row.first, row.second = list(first), list(second)
         rows.append(row)
     return rows
 

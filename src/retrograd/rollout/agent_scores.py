@@ -31,6 +31,7 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
     a = cfg.agent
     env = world.environment
     stats = {"judged": 0, "dropped": 0, "degenerate": 0, "scores": []}
+    judged, jobs = [], []  # groups sent to the judge, all at once
     for g, group in enumerate(rolled):
         scenario = group[0].traj.scenario
         live = [s for s in group if not s.traj.failed]
@@ -42,14 +43,16 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
                 if s.traj.final_reward is None:
                     s.traj.final_reward = 0.0  # graded by step rewards alone, or no verify
             continue
-        stats["judged"] += 1
         candidates = [Candidate(list(s.traj.messages), s.traj.summary) for s in live]
-        try:
-            verdicts = world.judge.score_group(candidates, group_id(update, g), _rubric(scenario))
-        except JudgeError as e:
+        judged.append((g, group, live))
+        jobs.append((candidates, group_id(update, g), _rubric(scenario)))
+    stats["judged"] = len(jobs)
+    verdicts_of = world.judge.score_groups(jobs) if jobs else []
+    for (g, group, live), verdicts in zip(judged, verdicts_of, strict=True):
+        if isinstance(verdicts, JudgeError):
             if a.judge_failure == "fail":
-                raise
-            log.warning("update %d, group %d: %s; the group is dropped", update, g, e)
+                raise verdicts
+            log.warning("update %d, group %d: %s; the group is dropped", update, g, verdicts)
             stats["dropped"] += 1
             for s in group:
                 s.traj.final_reward = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from retrograd.config.judge import JudgeCompaction
@@ -109,6 +110,26 @@ class RulerJudge:
                 await self.client.aclose()  # its connections die with this event loop
 
         return asyncio.run(once())
+
+    def score_groups(
+        self, jobs: Sequence[tuple[list[Candidate], int, str | None]]
+    ) -> list[list[float] | JudgeError]:
+        """Several groups at once, (candidates, group_id, rubric) each, their requests sharing
+        the client's max_concurrency: per group its scores, or the JudgeError it failed with."""
+
+        async def all_of() -> list:
+            try:
+                return await asyncio.gather(
+                    *(self.ascore_group(*job) for job in jobs), return_exceptions=True
+                )
+            finally:
+                await self.client.aclose()
+
+        out = asyncio.run(all_of())
+        for result in out:
+            if isinstance(result, BaseException) and not isinstance(result, JudgeError):
+                raise result
+        return out
 
     async def ascore_group(
         self, candidates: list[Candidate], group_id: int, rubric: str | None = None
@@ -211,6 +232,13 @@ class RulerJudge:
 
         async def ask(a: int, b: int) -> str:
             prompt = pairwise_prompt(text, shared, members[a], members[b])
+            limit = self.section.context.max_request_chars
+            if len(prompt) > limit:
+                raise JudgeError(
+                    f'{self.where}.strategy.mode = "pairwise": group {group_id}\'s request '
+                    f"comparing members {a} and {b} is {len(prompt)} characters, over "
+                    f"max_request_chars = {limit}"
+                )
             self.prompt_chars_max = max(self.prompt_chars_max, len(prompt))
             self.asks += 1
             return await self.client.complete_json(

@@ -152,6 +152,37 @@ def _content(message: dict) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _joined(message: dict) -> dict:
+    """A message whose content is a list of parts, with its text joined into one string."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    text = "".join(
+        str(p.get("text", "")) if isinstance(p, dict) and p.get("type") == "text"
+        else f"[{p.get('type', 'part') if isinstance(p, dict) else 'part'}]"
+        for p in content
+    )  # fmt: skip
+    return {**message, "content": text}
+
+
+def _fit_calls(calls: Any, ctx: JudgeContext) -> tuple[Any, bool]:
+    """Tool calls with each one's arguments (as JSON text) elided to max_message_chars."""
+    if not isinstance(calls, list):
+        return calls, False
+    out, cut = [], False
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and "arguments" in fn:
+            args = fn["arguments"]
+            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            short = elide(text, ctx.max_message_chars, ctx.head_ratio)
+            if short != text:
+                cut = True
+                call = {**call, "function": {**fn, "arguments": short}}
+        out.append(call)
+    return out, cut
+
+
 def _elide_trajectory(messages: list[dict], budget: int, head_ratio: float) -> list[dict]:
     """Drop the middle of a trajectory so its contents total at most `budget` characters.
 
@@ -194,17 +225,24 @@ def fit(messages: list[dict], ctx: JudgeContext) -> tuple[list[dict], bool]:
     max_message_chars, then all contents together at most max_trajectory_chars, both elided in
     the middle. Returns the fitted copy and whether anything was elided.
 
-    Only string contents count; tool calls and other fields pass unchanged. The request budget
-    is the strategy's business (it decides chunking from the rendered prompt's length).
+    A content given as parts counts as its text parts joined (other parts as "[type]"); each
+    tool call's arguments are elided to max_message_chars on their own, and do not count toward
+    the trajectory's total. The request budget is the strategy's business (it decides chunking
+    from the rendered prompt's length).
     """
     elided = False
     fitted: list[dict] = []
     for message in messages:
+        message = _joined(message)
         text = _content(message)
         short = elide(text, ctx.max_message_chars, ctx.head_ratio)
         if short != text:
             elided = True
             message = {**message, "content": short}
+        calls, cut = _fit_calls(message.get("tool_calls"), ctx)
+        if cut:
+            elided = True
+            message = {**message, "tool_calls": calls}
         fitted.append(message)
     trimmed = _elide_trajectory(fitted, ctx.max_trajectory_chars, ctx.head_ratio)
     return trimmed, elided or trimmed is not fitted

@@ -104,6 +104,25 @@ def test_a_plain_endpoint_gets_the_guided_schemas(monkeypatch, tmp_path):
         json_schema_grammar(body["guided_json"])
 
 
+def test_groups_are_judged_at_once_and_fail_alone(monkeypatch, tmp_path):
+    """score_groups sends every group's request together (up to max_concurrency): three
+    replies delayed 0.6 s each come back in well under three delays; a failing group is
+    returned as its JudgeError, the others keep their scores."""
+    import time
+
+    from tests.factories.scripted_openai import Delay
+
+    slow = [Delay(0.6, listwise()), Delay(0.6, status(400, "bad")), Delay(0.6, listwise())]
+    with scripted_openai(slow) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "listwise"}, max_retries=0)
+        started = time.perf_counter()
+        out = ruler.score_groups([(group(0.1, 0.2), g, None) for g in range(3)])
+        elapsed = time.perf_counter() - started
+    assert elapsed < 1.5
+    assert sum(isinstance(r, JudgeError) for r in out) == 1
+    assert [r for r in out if not isinstance(r, JudgeError)] == [[0.1, 0.2], [0.1, 0.2]]
+
+
 def test_a_reply_with_wrong_ids_is_retried(monkeypatch, tmp_path):
     wrong = reply('{"scores": [{"trajectory_id": 7, "explanation": "", "score": 1}]}')
     with scripted_openai([wrong, listwise()]) as api:
@@ -132,6 +151,24 @@ def test_listwise_refuses_a_request_over_budget(monkeypatch, tmp_path):
             },
         )
         with pytest.raises(JudgeError, match="over max_request_chars = 300"):
+            ruler.score_group(group(0.1, 0.2), group_id=0)
+    assert api.requests == []
+
+
+def test_pairwise_refuses_a_request_over_budget(monkeypatch, tmp_path):
+    with scripted_openai([]) as api:
+        ruler = judge(
+            api,
+            monkeypatch,
+            tmp_path,
+            strategy={"mode": "pairwise"},
+            context={
+                "max_request_chars": 300,
+                "max_trajectory_chars": 300,
+                "max_message_chars": 300,
+            },
+        )
+        with pytest.raises(JudgeError, match="members 0 and 1 is .* over max_request_chars = 300"):
             ruler.score_group(group(0.1, 0.2), group_id=0)
     assert api.requests == []
 
@@ -303,6 +340,38 @@ def test_against_retrograd_serve(gemma_path, monkeypatch, tmp_path):
         stats = ruler.stats()
     assert stats["judge/requests"] == 2 and stats["judge/retries"] == 0
     assert "Rank each trajectory" in batch.prompts[0]
+
+
+def test_against_retrograd_serve_on_a_tiny_model(monkeypatch, tmp_path):
+    """The whole path with a real model: the judge's strict response_format is refused, its
+    schema goes as guided_json, `retrograd serve` decodes a random tiny model under the
+    grammar, and every verdict parses: scores in [0, 1], one per member, no retries."""
+    import torch
+
+    import retrograd
+    from retrograd.sampling import Sampler
+    from retrograd.serve.app import create_app
+    from retrograd.serve.weights import Loaded
+    from retrograd.tokenizer import ChatFormat, chat_template
+    from tests.e2e.test_train_sft import CHAT_TEMPLATE
+    from tests.factories.tiny_gguf import write_tiny
+    from tests.unit.serve.scripted import serving
+
+    path = write_tiny(tmp_path / "judge.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
+    model = retrograd.load(path, device="cpu", dtype=torch.float32)
+    sampler = Sampler(model.decoder, model.tokenizer, fast=False, max_len=4096)
+    template = chat_template(model.tokenizer, model.gguf.metadata)
+    loaded = Loaded(model, ChatFormat(model.tokenizer, template), sampler, 4096, None)
+    with serving(create_app(loaded, "judge")) as url:
+        api = type("Api", (), {"base_url": url})()
+        section = {"strategy": {"mode": "listwise"}, "temperature": 0.0}
+        ruler = judge(api, monkeypatch, tmp_path, **section)
+        scores = ruler.score_group(group(0.2, 0.9), group_id=0)
+        stats = ruler.stats()
+    assert len(scores) == 2 and all(0 <= s <= 1 for s in scores)
+    assert ruler.client.plain and ruler.client.guided
+    assert stats["judge/retries"] == 0
+    assert stats["judge/requests"] == 2  # the refused strict request, then the guided one
 
 
 @pytest.mark.parametrize("include", [True, False])

@@ -125,6 +125,30 @@ def test_fit_elides_each_message_then_the_trajectory_within_nested_budgets():
     assert markers == 2  # one in the long message, one where the trajectory is cut
 
 
+def test_fit_counts_text_parts_and_bounds_tool_call_arguments():
+    args = {"path": _text(3000, 5)}
+    messages = [
+        USER,
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": _text(600, 6)}, {"type": "image_url"}],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "function": {"name": "read", "arguments": args}}],
+        },
+    ]
+    ctx = _ctx(500, 2500)
+    fitted, elided = fit(messages, ctx)
+    assert elided
+    assert fitted[1]["content"].endswith("[image_url]") and len(fitted[1]["content"]) <= 500
+    call = fitted[2]["tool_calls"][0]
+    assert len(call["function"]["arguments"]) <= 500 and call["id"] == "c"
+    assert "characters elided" in call["function"]["arguments"]
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == args  # input unchanged
+
+
 @pytest.mark.parametrize("head_ratio", [0.0, 0.4, 1.0])
 def test_fit_cuts_the_trajectory_at_head_ratio_of_what_it_keeps(head_ratio):
     # Messages under the message budget, so only the trajectory is cut.
