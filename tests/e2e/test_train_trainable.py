@@ -268,3 +268,33 @@ def test_preference_trains_base_tensors(tmp_path):
     out = GGUFFile(tmp_path / "out" / "adapter.gguf")
     assert out.get("retrograd.trainable.mode") == "partial"
     assert "blk.2.ffn_down.weight" in out.tensors and "blk.0.attn_v.weight" not in out.tensors
+
+
+def test_grpo_trains_base_tensors(tmp_path):
+    """GRPO on a partial selection (no KL term, so no [reference]): the reward rises, and the
+    written model is the base with the selected tensors changed."""
+    from retrograd.algorithms.grpo import run_grpo
+    from retrograd.config import load_run
+    from tests.e2e import test_train_grpo as grpo
+    from tests.factories.tiny_gguf import write_tiny
+
+    model = write_tiny(tmp_path / "chat.gguf", "gemma3", chat_template=grpo.CHAT_TEMPLATE)
+    run = grpo.write_run(
+        tmp_path,
+        model,
+        {"updates": 12},
+        training={"trainable": "partial", "lr": 3e-3},
+        trainable='layers = "last:2"\nmodules = ["attn_v", "ffn_down"]',
+    )
+    text = run.read_text()
+    lora = '[lora]\nrank = 4\nalpha = 8.0\ntargets = ["q", "v", "ffn_down"]\n'
+    assert lora in text
+    text = text.replace(lora, "").replace(
+        'path = "out/adapter.gguf"', 'path = "out/m.gguf"\nkind = "model"'
+    )
+    run.write_text(text)
+    result = run_grpo(load_run(run), run_file=run, sinks=grpo.sinks())
+    first, last = np.mean(result.rewards[:3]), np.mean(result.rewards[-3:])
+    assert last > first + 0.1, result.rewards
+    trained = {f"blk.{i}.{m}.weight" for i in (1, 2) for m in ("attn_v", "ffn_down")}
+    check_model_copy(model, tmp_path / "out" / "m.gguf", trained)

@@ -15,9 +15,7 @@ from pathlib import Path
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import first_last
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.optim import base_lr, build_optimizer
 from retrograd.sampling import Sampler
-from retrograd.trainable.plan import build_lora_plan, check_mode, trained_parameters
 
 
 @dataclass
@@ -48,6 +46,7 @@ class Built:
     optimizer: object
     rate: float
     sampler: Sampler
+    trained: object = None  # trainable.plan.Trained: adapters and base tensors, for the export
 
     @property
     def fingerprints(self) -> dict:
@@ -59,10 +58,9 @@ class Built:
 
 def build(cfg, prompts_path, where: str, sinks, run_file) -> Built:
     """Everything that can be checked is checked before the model loads; then the model, the
-    rendered prompts, the LoRA plan, the optimizer and the sampler. `where` names the prompts
+    rendered prompts, the plan (any trainable mode), the optimizer and the sampler. `where` names the prompts
     key in errors ("[ppo].prompts")."""
     training = cfg.training
-    check_mode(training.trainable)
     outputs.check_outputs(cfg, run_file)
     prompt_file = read_prompts(prompts_path, where)
     held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
@@ -72,18 +70,13 @@ def build(cfg, prompts_path, where: str, sinks, run_file) -> Built:
     chat = context.chat_format(model)
     prompts = render_prompts(prompt_file, chat, training.ctx)
     held = render_prompts(held_file, chat, training.ctx) if held_file else None
-    init = cfg.lora.init_adapter if cfg.lora else None
-    plan, adapters = build_lora_plan(model.decoder, cfg.lora, init_adapter=init)
-    named = trained_parameters(adapters)
-    params = [q for _, q in named]
-    optimizer = build_optimizer(params, training, cfg.optimizer)
+    tr = context.trainables(model, cfg)  # any [training].trainable mode
     sampler = Sampler(
         model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
     )
-    rate = base_lr(training, cfg.optimizer)
     return Built(
-        model, prompt_file, held_file, prompts, held, plan, adapters, named, params, optimizer,
-        rate, sampler,
+        model, prompt_file, held_file, prompts, held, tr.plan, tr.adapters, tr.named, tr.params,
+        tr.optimizer, tr.rate, sampler, tr.trained,
     )  # fmt: skip
 
 
@@ -109,17 +102,17 @@ def start(sinks, cfg, b: Built, updates: int, pos, found) -> None:
 def finish(
     cfg, b: Built, run_file, run, mark, patience, steps: int, result: RolloutResult, started, sinks
 ) -> RolloutResult:
-    """Export the adapter (kept elsewhere if that fails, and the error says where), fill the
+    """Export the result (kept elsewhere if that fails, and the error says where), fill the
     result and print the summary."""
     persist.export_or_keep(
-        cfg, b.model, run_file, run, mark, b.named, b.optimizer, b.plan, b.adapters, patience, steps
+        cfg, b.model, run_file, run, mark, b.named, b.optimizer, b.plan, b.trained, patience, steps
     )
     result.updates, result.global_step = mark.update, mark.global_step
     result.best_eval = -patience.best if patience.best != float("inf") else None
     result.seconds = time.perf_counter() - started
     sinks.finish(
         {
-            "adapter": str(result.output),
+            cfg.output.kind or "adapter": str(result.output),
             "mean reward, first -> last update": first_last(result.rewards),
             "stopped early": result.stopped or "no",
         }

@@ -71,14 +71,11 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         HONOURED, "honoured: the exported adapter's type (the factors train in f32)"
     ),
     ("lora", "init_adapter"): YES,
-    ("trainable", "*"): _entry(
-        HONOURED, "honoured by partial and hybrid runs (sft, preference, distill, agent_grpo)"
-    ),
+    ("trainable", "*"): _entry(HONOURED, "honoured by partial and hybrid runs of every algorithm"),
     ("training", "trainable"): _entry(
         HONOURED,
-        "lora honoured by every algorithm; full, partial and hybrid by sft, preference, "
-        "distill (both modes) and agent_grpo; grpo and ppo refuse them until their shared "
-        "build takes the plan",
+        "honoured by every algorithm (a KL penalty toward the base needs [reference] once "
+        "base tensors train)",
     ),
     ("training", "optimizer"): _entry(
         HONOURED,

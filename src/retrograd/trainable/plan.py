@@ -153,15 +153,6 @@ def build_lora_plan(
     return plan, adapters
 
 
-def check_mode(mode: str, algorithm: str = "this algorithm") -> None:
-    """Refuse a trainable mode an algorithm's loop does not consume yet."""
-    if mode != "lora":
-        raise ConfigError(
-            f"[training].trainable = {mode!r}: {algorithm} trains LoRA adapters only in this "
-            'version; use trainable = "lora"'
-        )
-
-
 def trained_parameters(adapters: dict[str, LoRA]) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) in plan order: names as in the adapter GGUF."""
     out = []
