@@ -161,19 +161,26 @@ class JudgeClient:
             if attempt:
                 self.stats.retries += 1
                 await asyncio.sleep(BACKOFF_SECS * 2 ** (attempt - 1))
-            request: dict[str, Any] = {
-                "model": self.model,
-                "messages": [{"role": "user", "content": prompt}],
-            }
-            response_format = first_format if attempt == 0 else retry_format
-            if response_format is not None and not self.plain:
-                request["response_format"] = response_format
-            elif schema is not None and self.plain and self.guided:
-                request["extra_body"] = {"guided_json": schema}
-            if temperature is not None:
-                request["temperature"] = temperature
+
+            def build(attempt: int = attempt) -> dict[str, Any]:
+                # NOTE: built once a place is free: requests queued behind max_concurrency
+                # learn from the first refusal instead of each being refused in turn
+                request: dict[str, Any] = {
+                    "model": self.model,
+                    "messages": [{"role": "user", "content": prompt}],
+                }
+                response_format = first_format if attempt == 0 else retry_format
+                if response_format is not None and not self.plain:
+                    request["response_format"] = response_format
+                elif schema is not None and self.plain and self.guided:
+                    request["extra_body"] = {"guided_json": schema}
+                if temperature is not None:
+                    request["temperature"] = temperature
+                return request
+
+            request: dict[str, Any] = {}
             try:
-                text = await self._post(api, gate, request)
+                text = await self._post(api, gate, build, request)
                 return accept(text)
             except Refused as e:
                 if "response_format" in request and _refuses_field(e.__cause__, "response_format"):
@@ -195,9 +202,16 @@ class JudgeClient:
         )
 
     async def _post(
-        self, api: openai.AsyncOpenAI, gate: asyncio.Semaphore, request: dict[str, Any]
+        self,
+        api: openai.AsyncOpenAI,
+        gate: asyncio.Semaphore,
+        build: Callable[[], dict[str, Any]],
+        sent: dict[str, Any],
     ) -> str:
+        """Post the request `build` makes once a place is free; `sent` receives it."""
         async with gate:
+            request = build()
+            sent.update(request)
             start = time.perf_counter()
             self.stats.requests += 1
             try:
