@@ -374,6 +374,8 @@ def test_against_retrograd_serve_on_a_tiny_model(monkeypatch, tmp_path):
     from tests.factories.tiny_gguf import write_tiny
     from tests.unit.serve.scripted import serving
 
+    # a random model fills every explanation to its bound: keep them short
+    monkeypatch.setattr("retrograd.rewards.ruler.prompt.GUIDED_EXPLANATION_CHARS", 16)
     path = write_tiny(tmp_path / "judge.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
     model = retrograd.load(path, device="cpu", dtype=torch.float32)
     sampler = Sampler(model.decoder, model.tokenizer, fast=False, max_len=4096)
@@ -381,8 +383,8 @@ def test_against_retrograd_serve_on_a_tiny_model(monkeypatch, tmp_path):
     loaded = Loaded(model, ChatFormat(model.tokenizer, template), sampler, 4096, None)
     with serving(create_app(loaded, "judge")) as url:
         api = type("Api", (), {"base_url": url})()
-        # a random model fills each bounded explanation; compiling the sampler's kernels on a
-        # busy machine takes a while: a generous timeout, no retries
+        # compiling the sampler's kernels on a busy machine takes a while: a generous
+        # timeout, no retries
         section = {"strategy": {"mode": "listwise"}, "temperature": 0.0}
         section |= {"timeout_secs": 900, "max_retries": 0}
         ruler = judge(api, monkeypatch, tmp_path, **section)
