@@ -32,8 +32,9 @@ class TokenTable:
     def __init__(self, tokenizer):
         self.pieces = [tokenizer.token_to_piece(i, special=False) for i in range(tokenizer.n_vocab)]
         V = len(self.pieces)
-        self.first = np.full(V, -1, dtype=np.int16)
-        self.second = np.full(V, END, dtype=np.int16)
+        # first byte, or row END of the opening table (never allowed) for a piece without bytes
+        self.first = np.full(V, END, dtype=np.intp)
+        self.second = np.full(V, END, dtype=np.intp)
         self.long = np.zeros(V, dtype=bool)  # three bytes or more
         plain = np.frombuffer(bytes(b in STRING_BYTE for b in range(256)), dtype=bool)
         self.plain = np.zeros(V, dtype=bool)  # every byte one a string holds as it is
@@ -73,8 +74,7 @@ class Constraint:
         """(n_vocab,) bool: the ids the grammar allows next."""
         g, state, table = self.grammar, self.state, self.table
         pairs = _pairs(g, state)
-        first = table.first.astype(np.int64)
-        ok = (first >= 0) & pairs[np.where(first >= 0, first, 256), table.second]
+        ok = pairs[table.first, table.second]  # a copy: refined below
         check = ok & table.long
         if g.plain_loop(state, STRING_BYTE):
             check &= ~table.plain  # plain pieces keep the string going
