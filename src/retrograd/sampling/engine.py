@@ -204,7 +204,9 @@ class Sampler:
         return tokens, lp
 
     def _choose_again(self, row: Row, restricted: torch.Tensor) -> int:
-        """A refused row's token from its restricted logits (V,), with a fresh uniform number."""
+        """A refused row's token from its restricted logits (V,), with a fresh uniform number.
+        NOTE: the rule of `_choose` without its fused kernels, which a batch of one would
+        compile again (tens of seconds on first use)."""
         if row.temperature <= 0:
             return int(restricted.argmax())
         u = torch.rand((), generator=row.generator, dtype=torch.float64)[None]
