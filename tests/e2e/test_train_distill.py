@@ -33,7 +33,22 @@ PROMPTS = [
     "name a thing",
     "tell me more",
 ]
-HELD = ["give a word", "and now", "your turn"]
+# twelve held-out prompts: the evaluation samples one answer each, and fewer made its KL noisy
+# enough (one 3-prompt estimate ranged 1.5-2.7 over seeds) to hide the fall
+HELD = [
+    "give a word",
+    "and now",
+    "your turn",
+    "one more",
+    "keep going",
+    "try again",
+    "another one",
+    "go on",
+    "what else",
+    "say it",
+    "next word",
+    "continue",
+]
 
 
 def toml(d: dict) -> str:
@@ -192,7 +207,8 @@ def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
     last_update, after = result.evals[-1]
     assert last_update == 8
     assert before > 1.0, before  # the teacher is far: its "e" words are unlikely to the student
-    assert after < 0.8 * before, (before, result.evals)
+    # measured over seeds 1-5: after / before 0.65-0.79 at update 8
+    assert after < 0.85 * before, (before, result.evals)
     # the training metric falls with it: the last updates' mean KL below the first's
     assert sum(result.teacher_kl[-3:]) < sum(result.teacher_kl[:3])
     tags = _tensorboard_tags(tmp_path / "tb")

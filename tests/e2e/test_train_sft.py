@@ -61,12 +61,17 @@ tensorboard_dir = "tb"
 
 
 def scalars(tb: Path, tag: str) -> dict[int, float]:
-    out = {}
+    return {e.step: e.value for e in scalar_events(tb, tag)}
+
+
+def scalar_events(tb: Path, tag: str) -> list:
+    """Every record of `tag`, in the order written (each has .step and .value)."""
+    out = []
     for run in sorted(tb.iterdir()):
         acc = EventAccumulator(str(run))
         acc.Reload()
         if tag in acc.Tags()["scalars"]:
-            out.update({e.step: e.value for e in acc.Scalars(tag)})
+            out.extend(acc.Scalars(tag))
     return out
 
 

@@ -90,10 +90,25 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+DTYPE_VARIABLE = "RETRO_DTYPE"
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
-    """The fast compute dtype the device has: bf16 on recent GPUs and AMX CPUs, else f32."""
+    """The fast compute dtype the device has: bf16 on recent GPUs and AMX CPUs, else f32.
+
+    RETRO_DTYPE=float32 (or bfloat16) overrides the choice on every device, so a run computes
+    the same numbers on a machine with bf16 instructions as on one without.
+    """
     import torch
 
+    forced = os.environ.get(DTYPE_VARIABLE, "").strip()
+    if forced:
+        try:
+            return parse_dtype(forced, device)
+        except ConfigError:
+            raise ConfigError(
+                f"{DTYPE_VARIABLE}={forced}: must be float32, bfloat16 or float16"
+            ) from None
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32

@@ -11,7 +11,12 @@ import torch.nn.functional as F
 import retrograd
 from retrograd.errors import ConfigError, DeviceError
 from retrograd.model.arch import ROPE_NEOX, ROPE_NORM
-from retrograd.model.device import configure_threads, resolve_device
+from retrograd.model.device import (
+    configure_threads,
+    cpu_has_fast_bf16,
+    default_dtype,
+    resolve_device,
+)
 from retrograd.model.kv_cache import KVCache
 from retrograd.model.rope import apply_rope, rope_angles
 from retrograd.trainable.lora import attach_lora
@@ -159,6 +164,23 @@ def test_device_and_threads(monkeypatch):
     with pytest.raises(ConfigError, match="threads = 0"):
         configure_threads(0)
     torch.set_num_threads(2)
+
+
+def test_retro_dtype_overrides_the_fast_dtype(tiny_model, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("RETRO_DTYPE", raising=False)
+    fast = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    assert default_dtype(cpu) == fast
+    monkeypatch.setenv("RETRO_DTYPE", "bfloat16")
+    assert default_dtype(cpu) == torch.bfloat16
+    monkeypatch.setenv("RETRO_DTYPE", "float32")
+    assert default_dtype(cpu) == torch.float32
+    assert retrograd.load(tiny_model("llama3"), device="cpu").dtype == torch.float32
+    monkeypatch.setenv("RETRO_DTYPE", "bf16")
+    assert retrograd.load(tiny_model("llama3"), device="cpu").dtype == torch.bfloat16
+    monkeypatch.setenv("RETRO_DTYPE", "double")
+    with pytest.raises(ConfigError, match="RETRO_DTYPE=double: must be float32"):
+        default_dtype(cpu)
 
 
 @pytest.mark.parametrize(
