@@ -23,6 +23,7 @@ from retrograd.errors import DataError, TrainingError
 from tests.e2e.test_train_grpo import sinks
 from tests.e2e.test_train_sft import scalars
 from tests.factories.agents import CHAT_TEMPLATE, Scripted, call
+from tests.factories.run_files import write_run_file
 from tests.unit.agent.test_container_env import cli as container_cli
 
 # the judge of sampled (tool-less) trajectories: the share of "e" in what the assistant wrote
@@ -41,10 +42,6 @@ def chat_model(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("agent") / "tiny-chat.gguf"
     return write_tiny(path, "gemma3", chat_template=CHAT_TEMPLATE)
-
-
-def toml(d: dict) -> str:
-    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
 
 
 CONTAINER = """
@@ -96,7 +93,6 @@ def write_run(
     a.update(agent or {})
     t = {"lr": 2e-2, "ctx": 2048 if env else 128, "micro_batch": 2048 if env else 128}
     t.update(sections.pop("training", {}))
-    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
     world = world or (
         """
 [agent.environment]
@@ -114,28 +110,8 @@ type = "command"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(tmp / "judge.py"))}]
 """
     )
-    text = f"""
-[run]
-algorithm = "agent_grpo"
-[model]
-path = "{model}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v", "ffn_down"]
-[training]
-{toml(t)}
-[agent]
-{toml(a)}
-{world}
-{extra}
-"""
-    path = tmp / "run.toml"
-    path.write_text(text)
-    return path
+    tables = {"training": t, "agent": a}
+    return write_run_file(tmp, "agent_grpo", model, tables, sections, tail=world)
 
 
 def solving(seed: int, turn: int) -> str:

@@ -22,6 +22,7 @@ from tests.e2e.test_bench import table_rows
 from tests.e2e.test_train_grpo import _train, sinks
 from tests.e2e.test_train_preference import no_model  # noqa: F401  (a fixture)
 from tests.e2e.test_train_sft import CHAT_TEMPLATE
+from tests.factories.run_files import write_run_file
 
 ROOT = Path(__file__).resolve().parents[2]
 E_WORDS = ["see", "tee", "bee", "eel", "feet", "seen", "free", "tree", "keen", "deep", "sheep"]
@@ -49,10 +50,6 @@ HELD = [
     "next word",
     "continue",
 ]
-
-
-def toml(d: dict) -> str:
-    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
 
 
 def corpus(prompts: list[str], shift: int = 0) -> str:
@@ -128,37 +125,13 @@ def write_run(tmp: Path, models, distill: dict | None = None, **sections) -> Pat
             "samples_per_prompt": 4,
         }
     )
-    offline = d.get("mode") == "topk_offline"
     t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64}
-    t.update(sections.pop("training", {}))
-    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
-    sampling = (
-        ""
-        if offline
-        else ("[distill.sampling]\ntemperature = 1.0\ntop_p = 1.0\nmax_new_tokens = 12\nseed = 3")
-    )
-    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
-    path = tmp / "run.toml"
-    path.write_text(f"""
-[run]
-algorithm = "distill"
-[model]
-path = "{student}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v", "ffn_down"]
-[training]
-{toml(t)}
-[distill]
-{toml(d)}
-{sampling}
-{extra}
-""")
-    return path
+    t.update(sections.pop("training", {}))  # None: leave the key out
+    tables = {"training": t, "distill": d}
+    if d.get("mode") != "topk_offline":
+        sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 12, "seed": 3}
+        tables["distill.sampling"] = sampling
+    return write_run_file(tmp, "distill", student, tables, sections)
 
 
 def agreement(cfg, data: Path, adapter: Path | None = None):

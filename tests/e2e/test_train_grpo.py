@@ -19,6 +19,7 @@ from retrograd.cli.main import main
 from retrograd.config import load_run
 from retrograd.errors import DataError
 from tests.e2e.test_train_sft import CHAT_TEMPLATE, scalar_events, scalars
+from tests.factories.run_files import write_run_file
 
 # A reward with an obvious signal for a tiny random model: the share of "e" in the answer.
 REWARD = r"""
@@ -74,40 +75,11 @@ def write_run(tmp: Path, model: Path, grpo: dict | None = None, **sections) -> P
     }
     g.update(grpo or {})
     t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64, "gradient_accumulation": 1}
-    t.update(sections.pop("training", {}))
-    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
-    sampling = sections.pop("sampling", {})
-    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
-
-    def toml(d: dict) -> str:
-        return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
-
-    text = f"""
-[run]
-algorithm = "grpo"
-[model]
-path = "{model}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v", "ffn_down"]
-[training]
-{toml(t)}
-[grpo]
-{toml(g)}
-[grpo.sampling]
-temperature = 1.0
-top_p = 1.0
-max_new_tokens = {sampling.get("max_new_tokens", 8)}
-seed = {sampling.get("seed", 3)}
-{extra}
-"""
-    path = tmp / "run.toml"
-    path.write_text(text)
-    return path
+    t.update(sections.pop("training", {}))  # None: leave the key out
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 3}
+    sampling.update(sections.pop("sampling", {}))
+    tables = {"training": t, "grpo": g, "grpo.sampling": sampling}
+    return write_run_file(tmp, "grpo", model, tables, sections)
 
 
 def sinks():

@@ -18,6 +18,7 @@ from retrograd.config import load_run
 from retrograd.errors import ConfigError
 from tests.e2e.test_train_grpo import PROMPTS, REWARD, _train, sinks
 from tests.e2e.test_train_sft import CHAT_TEMPLATE, scalars
+from tests.factories.run_files import write_run_file
 
 
 @pytest.fixture(scope="module")
@@ -44,40 +45,11 @@ def write_run(tmp: Path, model: Path, ppo: dict | None = None, **sections) -> Pa
     p.update(ppo or {})
     critic = sections.pop("critic", {})
     t = {"lr": 2e-2, "ctx": 64, "micro_batch": 64, "gradient_accumulation": 1}
-    t.update(sections.pop("training", {}))
-    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
+    t.update(sections.pop("training", {}))  # None: leave the key out
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 3}
     sampling.update(sections.pop("sampling", {}))
-    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
-
-    def toml(d: dict) -> str:
-        return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
-
-    text = f"""
-[run]
-algorithm = "ppo"
-[model]
-path = "{model}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v", "ffn_down"]
-[training]
-{toml(t)}
-[ppo]
-{toml(p)}
-[ppo.critic]
-{toml(critic)}
-[ppo.sampling]
-{toml(sampling)}
-{extra}
-"""
-    path = tmp / "run.toml"
-    path.write_text(text)
-    return path
+    tables = {"training": t, "ppo": p, "ppo.critic": critic, "ppo.sampling": sampling}
+    return write_run_file(tmp, "ppo", model, tables, sections)
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["critic", "no-critic"])

@@ -17,6 +17,7 @@ from retrograd.config import load_run
 from retrograd.errors import DataError
 from tests.e2e.test_train_grpo import _train, sinks
 from tests.e2e.test_train_sft import CHAT_TEMPLATE, scalars
+from tests.factories.run_files import write_run_file
 
 # An obvious signal: the chosen answers are words of "e", the rejected ones words of "o".
 E_WORDS = ["see", "tee", "bee", "eel", "feet", "seen", "free", "tree", "keen", "deep", "sheep"]
@@ -73,35 +74,10 @@ def write_run(tmp: Path, model: Path, preference: dict | None = None, **sections
     write_jsonl(tmp / "held.jsonl", held_pairs())
     p = {"data": "pairs.jsonl", "loss": "dpo"}
     p.update(preference or {})
-    p = {k: v for k, v in p.items() if v is not None}
     t = {"lr": 1e-2, "ctx": 128, "micro_batch": 128, "epochs": 2}
-    t.update(sections.pop("training", {}))
-    t = {k: v for k, v in t.items() if v is not None}  # None: leave the key out
-    extra = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
-
-    def toml(d: dict) -> str:
-        return "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
-
-    path = tmp / "run.toml"
-    path.write_text(f"""
-[run]
-algorithm = "preference"
-[model]
-path = "{model}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v", "ffn_down"]
-[training]
-{toml(t)}
-[preference]
-{toml(p)}
-{extra}
-""")
-    return path
+    t.update(sections.pop("training", {}))  # None: leave the key out
+    tables = {"training": t, "preference": p}
+    return write_run_file(tmp, "preference", model, tables, sections)
 
 
 def held_out_before(cfg) -> dict[str, float]:
