@@ -2,9 +2,9 @@
 optional value head (critic) and GAE advantages.
 
 Each update: 1. draw rollout_batch_size prompts, one answer each  2. reward them in one batch
-3. score them (old log-probabilities, and the critic's features)  4. advantages  5. ppo_epochs
-optimizer passes  6. value_epochs passes of the value head  7. report, observe, evaluate,
-checkpoint. The variant (losses/policy.py and losses/value.py say the formulas):
+3. score them (the critic's features; the old log-probabilities come from the first policy
+pass)  4. advantages  5. ppo_epochs optimizer passes  6. value_epochs passes of the value head
+7. report, observe, evaluate, checkpoint. The variant (losses/policy.py and losses/value.py say the formulas):
 - the loss is the clipped surrogate with one clip range (clip_range on both sides), per-token
   advantages, averaged over the update's tokens (token mean), plus kl_coefficient times the k3
   estimate of KL toward the policy that sampled the batch (spec: not toward [reference]; the
@@ -46,7 +46,7 @@ from retrograd.observe import names
 from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import lr_at
 from retrograd.rewards.program import RewardRequest, reward_program
-from retrograd.rollout.passes import fanout, padded, pieces, score
+from retrograd.rollout.passes import fanout, hidden_states, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
 from retrograd.trainable.value_head import FEATURE_DTYPES, ValueHead
@@ -216,17 +216,14 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
 # -- scores and advantages -----------------------------------------------------------------
 
 
-@torch.no_grad()
 def _score_features(cfg, decoder, answers: list[Rollout]) -> list[torch.Tensor]:
-    """The critic's scoring pass: old log-probabilities (so the first policy pass's ratios are
-    exactly 1) and each answer's final hidden states, stored at feature_dtype on the host."""
+    """The critic's scoring pass: each answer's final hidden states, stored at feature_dtype on
+    the host. The trunk alone runs: the old log-probabilities come from the first policy pass
+    (its ratios are exactly 1), so the head's product over the vocabulary is not paid twice."""
     dtype = FEATURE_DTYPES[cfg.ppo.critic.feature_dtype]
     out: list[torch.Tensor | None] = [None] * len(answers)
     for piece in pieces(answers, cfg.training.micro_batch, fanout(cfg.training)):
-        hidden: list[torch.Tensor] = []
-        lps = score(decoder, answers, piece, cfg.training, hidden=hidden)
-        for i, lp, h in zip(piece.members, lps, hidden, strict=True):
-            answers[i].old_logprobs = lp.float().cpu().numpy().astype(np.float32)
+        for i, h in zip(piece.members, hidden_states(decoder, answers, piece), strict=True):
             out[i] = h.to("cpu", dtype)  # (n_tokens, n_embd)
     return out
 
@@ -257,8 +254,8 @@ def _advantages(cfg, answers: list[Rollout], critic, features) -> torch.Tensor |
 
 def _epoch(cfg, decoder, answers: list[Rollout]) -> dict[str, float]:
     """One pass over the update's answers: forward, loss and backward per piece, gradients
-    summed (every term is normalised by the update's tokens). Without a critic the first pass
-    stores the old log-probabilities it computes (its ratios are exactly 1)."""
+    summed (every term is normalised by the update's tokens). The first pass stores the old
+    log-probabilities it computes (its ratios are exactly 1)."""
     p, training = cfg.ppo, cfg.training
     total = float(sum(r.n_tokens for r in answers))
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0}

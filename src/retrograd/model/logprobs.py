@@ -82,6 +82,31 @@ def sequence_logprobs(
     grad is enabled. `first` >= 1 (the first id has no prediction). `hidden`, a list, receives
     per row the final hidden states (len(ids) - first, n_embd) of the scored positions,
     detached (the features of PPO's value head)."""
+    h, targets, sizes = _row_states(decoder, rows)
+    lp = token_logprobs(
+        decoder,
+        h,
+        targets,
+        chunked=chunked,
+        tiles=tiles,
+        seq_chunk=seq_chunk,
+        head_dtype=head_dtype,
+    )
+    if hidden is not None:
+        hidden.extend(h.detach().split(sizes))
+    return list(lp.split(sizes))
+
+
+def sequence_hidden(decoder: Decoder, rows: list[tuple[list[int], int]]) -> list[torch.Tensor]:
+    """The hidden states sequence_logprobs(rows, hidden=...) gives, without the head: per row
+    (len(ids) - first, n_embd), the final hidden states that predict ids[first:]."""
+    h, _, sizes = _row_states(decoder, rows)
+    return list(h.split(sizes))
+
+
+def _row_states(decoder: Decoder, rows: list[tuple[list[int], int]]):
+    """One forward over the right-padded rows -> the scored positions' final hidden states
+    (N, n_embd), their targets (N,) and each row's count."""
     dev = decoder.device
     width = max(len(ids) for ids, _ in rows)
     batch = torch.zeros(len(rows), width, dtype=torch.long, device=dev)
@@ -96,20 +121,8 @@ def sequence_logprobs(
         ]
     ).to(dev)
     pos = torch.cat([torch.arange(first - 1, len(ids) - 1) for ids, first in rows]).to(dev)
-    targets = batch[row_idx, pos + 1]
-    lp = token_logprobs(
-        decoder,
-        h[row_idx, pos],
-        targets,
-        chunked=chunked,
-        tiles=tiles,
-        seq_chunk=seq_chunk,
-        head_dtype=head_dtype,
-    )
     sizes = [len(ids) - first for ids, first in rows]
-    if hidden is not None:
-        hidden.extend(h[row_idx, pos].detach().split(sizes))
-    return list(lp.split(sizes))
+    return h[row_idx, pos], batch[row_idx, pos + 1], sizes
 
 
 def _plain_nll(decoder: Decoder, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -250,6 +263,32 @@ def shared_prefix_logprobs(
     shared_prefix_fanout): a pass over the prompt, then one over the answers (right-padded)
     attending to its keys and values. The same values and gradients as the rows, up to the
     order of float sums (tests/unit/model/test_logprobs.py); `hidden` as there."""
+    hs, targets, sizes = _shared_states(decoder, prompt, answers)
+    lp = token_logprobs(
+        decoder,
+        hs,
+        targets,
+        chunked=chunked,
+        tiles=tiles,
+        seq_chunk=seq_chunk,
+        head_dtype=head_dtype,
+    )
+    if hidden is not None:
+        hidden.extend(hs.detach().split(sizes))
+    return list(lp.split(sizes))
+
+
+def shared_prefix_hidden(
+    decoder: Decoder, prompt: list[int], answers: list[list[int]]
+) -> list[torch.Tensor]:
+    """The hidden states shared_prefix_logprobs(..., hidden=...) gives, without the head."""
+    hs, _, sizes = _shared_states(decoder, prompt, answers)
+    return list(hs.split(sizes))
+
+
+def _shared_states(decoder: Decoder, prompt: list[int], answers: list[list[int]]):
+    """The prompt once, then the answers on its cache -> the states that predict each answer
+    token (N, n_embd), those tokens (N,) and each answer's count."""
     dev = decoder.device
     cache = _SharedPrefix()
     hp = decoder(torch.tensor([prompt], device=dev), cache=cache)[0]  # (P, n_embd)
@@ -262,19 +301,7 @@ def shared_prefix_logprobs(
     # answer i's token j is predicted by the prompt's last position (j = 0) or by h[i, j - 1]
     hs = torch.cat([torch.cat((hp[-1:], h[i, : len(a) - 1])) for i, a in enumerate(answers)])
     targets = torch.tensor([t for a in answers for t in a], dtype=torch.long, device=dev)
-    lp = token_logprobs(
-        decoder,
-        hs,
-        targets,
-        chunked=chunked,
-        tiles=tiles,
-        seq_chunk=seq_chunk,
-        head_dtype=head_dtype,
-    )
-    sizes = [len(a) for a in answers]
-    if hidden is not None:
-        hidden.extend(hs.detach().split(sizes))
-    return list(lp.split(sizes))
+    return hs, targets, [len(a) for a in answers]
 
 
 def ids_logprobs(

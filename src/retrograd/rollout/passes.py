@@ -14,7 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrograd.model.logprobs import sequence_logprobs, shared_prefix_logprobs
+from retrograd.model.logprobs import (
+    sequence_hidden,
+    sequence_logprobs,
+    shared_prefix_hidden,
+    shared_prefix_logprobs,
+)
 from retrograd.rollout.records import Rollout
 
 
@@ -90,6 +95,18 @@ def score(
         return shared_prefix_logprobs(decoder, prompt, [list(r.ids) for r in answers], **opts)
     rows = [(list(r.prompt.ids) + list(r.ids), len(r.prompt.ids)) for r in answers]
     return sequence_logprobs(decoder, rows, **opts)
+
+
+@torch.no_grad()
+def hidden_states(decoder, trained: list[Rollout], piece: Piece) -> list[torch.Tensor]:
+    """The final hidden states that `score(..., hidden=...)` gives for the piece's answers,
+    without the head's product and log-softmax (PPO's value-head features)."""
+    answers = [trained[i] for i in piece.members]
+    if piece.shared:
+        prompt = list(answers[0].prompt.ids)
+        return shared_prefix_hidden(decoder, prompt, [list(r.ids) for r in answers])
+    rows = [(list(r.prompt.ids) + list(r.ids), len(r.prompt.ids)) for r in answers]
+    return sequence_hidden(decoder, rows)
 
 
 def fanout(training) -> bool:

@@ -163,6 +163,37 @@ def test_shared_prefix_fanout_equals_rows(tiny_model, name):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3 * float(a.abs().max()))
 
 
+def test_hidden_states_without_the_head_are_the_scored_ones(tiny_model):
+    """PPO's critic features: sequence_hidden and shared_prefix_hidden give exactly the states
+    that the log-probability passes hand out, and those states give the log-probabilities."""
+    from retrograd.model.logprobs import (
+        sequence_hidden,
+        shared_prefix_hidden,
+        shared_prefix_logprobs,
+    )
+
+    m = retrograd.load(tiny_model("gemma3"), device="cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(3, m.config.n_vocab, (9,), generator=g).tolist()
+    answers = [torch.randint(3, m.config.n_vocab, (n,), generator=g).tolist() for n in (4, 1, 7)]
+    rows = [(prompt + a, len(prompt)) for a in answers]
+    with torch.no_grad():
+        seen: list[torch.Tensor] = []
+        lps = sequence_logprobs(m.decoder, rows, hidden=seen)
+        alone = sequence_hidden(m.decoder, rows)
+        shared_seen: list[torch.Tensor] = []
+        shared_prefix_logprobs(m.decoder, prompt, answers, hidden=shared_seen)
+        shared = shared_prefix_hidden(m.decoder, prompt, answers)
+    for a, h, hs, want, lp in zip(answers, alone, shared, seen, lps, strict=True):
+        assert h.shape == (len(a), m.config.n_embd)
+        assert torch.equal(h, want)
+        torch.testing.assert_close(hs, want, rtol=1e-3, atol=1e-3)  # sums in another order
+        direct = m.decoder.head(h).log_softmax(-1).gather(1, torch.tensor(a)[:, None])[:, 0]
+        torch.testing.assert_close(direct, lp, rtol=1e-5, atol=1e-5)
+    for h, want in zip(shared, shared_seen, strict=True):
+        assert torch.equal(h, want)
+
+
 @pytest.mark.parametrize("name, seq_chunk", [("gemma2", 4), ("llama", 0)])
 def test_ids_and_topk_logprobs_equal_the_plain_log_softmax(tiny_model, name, seq_chunk):
     """Offline distillation's two head reads: chosen ids' log-probabilities (with gradient,
