@@ -16,9 +16,9 @@ examples/rewards/arithmetic.py, one pass of the clipped surrogate over the updat
 KL term, one AdamW step (lr 2e-4 constant, weight decay 0, clipping at 1.0).
 
 Ours is `run_ppo`, the loop `retrograd train` runs for algorithm = "ppo", with the critic on
-(the spec's default): its scoring phase is the pass that stores the value head's features and
-the old log-probabilities (TRL computes neither at num_iterations 1 and beta 0), and its
-optimizer phase includes the value head's 8 steps. PPO samples one answer a prompt, so ours
+(the spec's default): its scoring phase is the pass that stores the value head's features
+(the layers alone; the old log-probabilities come from the first policy pass, as TRL's do at
+num_iterations 1), and its optimizer phase includes the value head's 8 steps. PPO samples one answer a prompt, so ours
 has no shared-prefix fan-out: each answer is its own row, its prompt prefilled and scored with
 it. Results go to docs/performance.md by hand, with this command.
 """
