@@ -1,0 +1,179 @@
+"""The run server's FastAPI app: discovery routes here, runs in routes_runs.py (formats.md §9.3).
+
+`create_app(config)` builds the app without touching the disk; its lifespan loads the state
+directory (marking runs that were live `interrupted`) and, at shutdown, asks live runs to
+checkpoint and stop. Every error outside the OpenAI routes is problem+json (guard.py).
+Importing this module imports no torch: runs train in their own processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+
+from retrograd import __version__
+from retrograd.server.config import CATALOGUES, ServerConfig
+from retrograd.server.events import QUEUE, Hub
+from retrograd.server.guard import Guard, install_handlers
+from retrograd.server.links import Links
+from retrograd.server.runner import Runs
+from retrograd.server.serving import CHAT, Serving, model_routes
+from retrograd.server.store import RunStore
+
+SHUTDOWN_SECONDS = 600  # formats.md §9.1: live runs get this long to checkpoint and stop
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    python: str = sys.executable,
+    shutdown_seconds: float = SHUTDOWN_SECONDS,
+    event_queue: int = QUEUE,
+) -> FastAPI:
+    """The app for `config`. `python` runs the runs' processes; `event_queue` is how far a
+    stream may fall behind before it is lagged."""
+    store = RunStore(config.state_dir)
+    hub = Hub(event_queue)
+    runs = Runs(store, hub, config.max_concurrent_runs, python)
+
+    serving = Serving(store, config.serving.idle_seconds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        with store.lock:
+            store.load()
+        sweeper = asyncio.create_task(_sweep(serving))
+        yield
+        sweeper.cancel()
+        serving.close()
+        await asyncio.to_thread(runs.shutdown, shutdown_seconds)
+
+    app = FastAPI(
+        title="retrograd-server",
+        version=__version__,
+        openapi_url="/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.config, app.state.store, app.state.runs, app.state.hub = config, store, runs, hub
+    app.state.links = Links()
+    app.add_middleware(
+        Guard,
+        token=config.auth_token,
+        max_body=config.max_body_bytes,
+        route_limits={CHAT: config.serving.max_body_bytes},
+        timeout=config.request_timeout_seconds,
+        redact=config.redact,
+    )
+    install_handlers(app, config.redact)
+    _discovery(app, config)
+    if config.serving.enabled:
+        model_routes(app, store, serving)
+    from retrograd.server.routes_runs import router
+
+    app.include_router(router, prefix="/v1")
+    return app
+
+
+async def _sweep(serving: Serving) -> None:
+    """Drop the served model once it has been idle for [serving].idle_seconds."""
+    while True:
+        await asyncio.sleep(min(30.0, max(1.0, serving.idle_seconds / 2)))
+        serving.close_if_idle()
+
+
+def backends() -> list[str]:
+    """The compute backends of this machine, found without importing torch."""
+    found = ["cpu"]
+    if (
+        importlib.util.find_spec("torch") is not None
+        and Path("/proc/driver/nvidia/version").exists()
+    ):
+        found.append("cuda")
+    return found
+
+
+def _memory() -> tuple[int | None, int | None]:
+    """(total, available) bytes of host memory, from /proc/meminfo where there is one."""
+    try:
+        fields = dict(
+            line.split(":", 1)
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if ":" in line
+        )
+        total = int(fields["MemTotal"].split()[0]) * 1024
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+        return total, free
+    except (OSError, KeyError, ValueError):
+        return None, None
+
+
+def _discovery(app: FastAPI, config: ServerConfig) -> None:
+    @app.get("/v1/health", tags=["discovery"])
+    async def health():
+        return {"status": "ok", "version": __version__, "backends": backends()}
+
+    @app.get("/v1/capabilities", tags=["discovery"])
+    async def capabilities():
+        total, free = _memory()
+        cpu = {
+            "kind": "cpu",
+            "name": "cpu",
+            "description": f"{os.cpu_count()} CPU threads",
+            "total_bytes": total,
+            "free_bytes": free,
+        }
+        return {
+            "execution_profile_schema_version": 1,
+            "backends": backends(),
+            "devices": [{k: v for k, v in cpu.items() if v is not None}],
+            "unified_memory": False,
+            "budgets": {
+                "vram": config.vram_budget.describe(),
+                "ram": config.ram_budget.describe(),
+                "ram_bytes": config.ram_budget.bytes_of(total),
+                "margin": config.margin,
+            },
+            "features": {
+                "openapi": True,
+                "max_concurrent_runs": config.max_concurrent_runs,
+                "serving_enabled": config.serving.enabled,
+                "ui": False,  # nor the web page
+                "auth": config.auth_token is not None,
+                "mode": "server",
+            },
+        }
+
+    @app.get("/v1/config-schema", tags=["discovery"])
+    async def config_schema():
+        from retrograd.server.documents import marked_schema
+
+        return marked_schema()
+
+    def catalogue(kind: str):
+        async def listing():
+            entries = []
+            for entry in getattr(config, kind):
+                shown = {"id": entry.id, "description": entry.description}
+                for extra in ("mode", "type"):  # what a client may choose by; never commands
+                    if hasattr(entry, extra):
+                        shown[extra] = getattr(entry, extra)
+                entries.append(shown)
+            return {kind + "s": entries}
+
+        return listing
+
+    for kind in CATALOGUES:
+        route = "/v1/" + kind.replace("_", "-") + "s"
+        app.add_api_route(route, catalogue(kind), methods=["GET"], tags=["discovery"])
+
+
+def app_of(request: Request):
+    return request.app.state

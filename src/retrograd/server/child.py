@@ -1,0 +1,218 @@
+"""A served run's process: the loop `retrograd train` runs, reporting to the server.
+
+    python -m retrograd.server.child RUN_DIR [--resume]
+
+reads RUN_DIR/run.json (the document and its base folder), validates it as a run file, and runs
+the algorithm's loop with `ServerSinks`. What the loop reports goes to the server as JSON lines
+on the process's original stdout (fd 1 is pointed at stderr, so that nothing else can write
+there); the server's commands arrive as JSON lines on stdin and are acted on at the loop's next
+progress callback (the boundary: after an optimizer step): pause, resume, cancel (with or without
+a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted). When stdin closes
+the server is gone and the process ends at once. The server never reads this module's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from retrograd.algorithms.persist import Sinks
+
+
+class Stop(BaseException):  # noqa: N818 - BaseException: the loops' `except Exception` must not take it
+    """Raised inside the loop at a boundary to end the run (cancel, or stop for a restart)."""
+
+    def __init__(self, outcome: str):
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+class Channel:
+    """The JSON lines to the server, and the commands from it (read on a thread)."""
+
+    def __init__(self, out, commands):
+        self.out = out
+        self.lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.pending: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, args=(commands,), daemon=True).start()
+
+    def send(self, kind: str, **body: Any) -> None:
+        with self.lock:
+            self.out.write(json.dumps({"type": kind, **body}, default=str) + "\n")
+            self.out.flush()
+
+    def _read(self, commands) -> None:
+        for line in commands:
+            try:
+                command = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            with self.cond:
+                self.pending.append(command)
+                self.cond.notify_all()
+        os._exit(3)  # the server is gone: nobody is left to report to
+
+    def take(self) -> list[dict[str, Any]]:
+        with self.cond:
+            taken, self.pending = self.pending, []
+            return taken
+
+    def wait(self) -> list[dict[str, Any]]:
+        with self.cond:
+            while not self.pending:
+                self.cond.wait()
+            taken, self.pending = self.pending, []
+            return taken
+
+
+class ServerSinks(Sinks):
+    """The run's sinks (TensorBoard, W&B, the log) plus the server's channel and commands."""
+
+    def __init__(self, channel: Channel, console):
+        super().__init__(console=console)
+        self.channel = channel
+        self.iterations = 0
+        self.want_checkpoint = False
+        self.stop_after_checkpoint: str | None = None
+        self.pause_after_checkpoint = False
+
+    def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
+        super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
+        self.iterations = iterations
+        self.channel.send("started", iterations=iterations, total_steps=total_steps)
+
+    def resumed(self, source: str, global_step: int) -> None:
+        super().resumed(source, global_step)
+        self.channel.send("log", message=f"resumed from {Path(source).name} at step {global_step}")
+
+    def step(self, global_step, epoch, values, tokens, seconds, position=None) -> None:
+        super().step(global_step, epoch, values, tokens, seconds, position)
+        values = {k: float(v) for k, v in values.items()}
+        iteration = position if position is not None else epoch + 1
+        progress = {
+            "iteration": iteration,
+            "iterations": self.iterations,
+            "global_step": global_step,
+            "train_loss": values.get("train/loss"),
+            "reward": values.get("reward/mean"),
+            "learning_rate": values.get("optimizer/learning_rate"),
+            "tokens_per_second": tokens / seconds if seconds > 0 else None,
+        }
+        progress = {k: v for k, v in progress.items() if v is not None}
+        self.channel.send("progress", **progress)
+        self.channel.send("metrics", iteration=iteration, global_step=global_step, values=values)
+        self._obey(self.channel.take())
+
+    def _obey(self, commands: list[dict[str, Any]]) -> None:
+        for command in commands:
+            op = command.get("op")
+            if op == "checkpoint":
+                self.want_checkpoint = True
+            elif op in ("cancel", "stop"):
+                outcome = "cancelled" if op == "cancel" else "interrupted"
+                if op == "stop" or command.get("checkpoint"):
+                    self.want_checkpoint = True
+                    self.stop_after_checkpoint = outcome
+                else:
+                    raise Stop(outcome)
+            elif op == "pause":
+                self._pause()
+
+    def _pause(self) -> None:
+        """Wait at this boundary (the device stays held) until resume, cancel or stop; a
+        checkpoint asked for meanwhile is written now and the wait goes on after it."""
+        self.channel.send("paused")
+        while True:
+            later = self.channel.wait()
+            ops = {c.get("op") for c in later}
+            if ops & {"resume", "cancel", "stop"}:
+                self.channel.send("resumed")
+                self._obey([c for c in later if c.get("op") not in ("resume", "pause")])
+                return
+            if "checkpoint" in ops:
+                self.want_checkpoint = True
+                self.pause_after_checkpoint = True
+                return
+
+    def checkpoint_requested(self) -> bool:
+        return self.want_checkpoint
+
+    def checkpoint(self, path: Path, global_step: int) -> None:
+        super().checkpoint(path, global_step)
+        self.want_checkpoint = False
+        self.channel.send("checkpoint", path=str(path), global_step=global_step)
+        if self.stop_after_checkpoint is not None:
+            raise Stop(self.stop_after_checkpoint)
+        if self.pause_after_checkpoint:
+            self.pause_after_checkpoint = False
+            self._pause()
+
+    def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
+        super().evaluation(global_step, values, improved)
+        values = {k: float(v) for k, v in values.items()}
+        self.channel.send("evaluation", global_step=global_step, values=values, improved=improved)
+
+    def note(self, message: str) -> None:
+        super().note(message)
+        self.channel.send("log", message=message)
+
+    def warn(self, message: str) -> None:
+        super().warn(message)
+        self.channel.send("log", message=f"warning: {message}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m retrograd.server.child")
+    parser.add_argument("run_dir")
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # stray prints go to the run's log, never into the channel
+    channel = Channel(out, sys.stdin)
+
+    from rich.console import Console
+
+    from retrograd.cli.train import LOOPS
+    from retrograd.config import validate_run
+    from retrograd.errors import RetrogradError
+
+    run_dir = Path(args.run_dir)
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    sinks = ServerSinks(channel, Console(file=sys.stderr, width=120))
+    try:
+        cfg = validate_run(
+            record["document"], source="the run document", base_dir=record["base_dir"]
+        )
+        resume = True if args.resume and _has_checkpoint(cfg) else None
+        LOOPS[cfg.run.algorithm]()(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
+    except Stop as stop:
+        channel.send(stop.outcome)
+        return 0
+    except RetrogradError as error:
+        sinks.fail(str(error))
+        channel.send("failed", error=str(error))
+        return 1
+    except Exception as error:  # anything else: the run failed; the log keeps the traceback
+        traceback.print_exc()
+        sinks.fail(f"{type(error).__name__}: {error}")
+        channel.send("failed", error=f"{type(error).__name__}: {error}")
+        return 1
+    channel.send("completed")
+    return 0
+
+
+def _has_checkpoint(cfg) -> bool:
+    from retrograd.checkpoint import latest_checkpoint
+
+    return cfg.checkpoint is not None and latest_checkpoint(cfg.checkpoint.directory) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""A client's run document, made into what a run executes: the server's checks and additions.
+
+`POST /v1/runs` sends a whole run document (JSON `config`, or TOML) and `params` (a partial
+document laid over it). Before the run-file loader sees it, this module
+- refuses server-declared fields (programs, endpoints, keys: `server-declared`) and replaces
+  catalogue references (`reward = {id = "..."}`, `judge = {id = "..."}`) by the entries the
+  operator declared (`unknown-catalog-id` for an id nobody declared);
+- fills what a served run needs and a file run leaves to its author: [output].path and a
+  [checkpoint] under the run's own folder, so that every run can be resumed and downloaded;
+- validates with the loader (every problem at once, as `errors[]`);
+- checks every path against `path_roots` and `allow_local_paths` (`forbidden-path`).
+The result records where each top-level value came from (provenance). Nothing here runs a loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from retrograd.config import RunConfig, validate_run
+from retrograd.errors import ConfigError
+from retrograd.server.config import ServerConfig
+from retrograd.server.problems import FieldError, Problem, issues_to_errors, pointer
+
+# (section path, key) -> what a client references instead
+SERVER_DECLARED = {
+    ("ppo", "reward_command"): "reward = { id = ... } (GET /v1/rewards)",
+    ("grpo", "reward_command"): "reward = { id = ... } (GET /v1/rewards)",
+    ("grpo", "judge"): "judge = { id = ... } (GET /v1/judges)",
+    ("agent", "judge"): "judge = { id = ... } (GET /v1/judges)",
+    ("agent", "mcp_servers"): "an [[mcp_server]] of the catalogue (GET /v1/mcp-servers)",
+    ("agent", "mcp_config"): "an [[mcp_server]] of the catalogue (GET /v1/mcp-servers)",
+    ("agent", "environment"): "an [[environment]] of the catalogue (GET /v1/environments)",
+    ("agent", "collect_api"): "nothing: a served run does not collect",
+    ("agent", "scenario_generation"): "nothing: a served run does not generate scenarios",
+}
+# What PATCH /v1/runs/{id} may change during a run (formats.md §9.3).
+PATCHABLE = {
+    "training": ("lr",),
+    "evaluation": ("every_iterations", "patience"),
+    "checkpoint": ("every_steps", "mode"),
+}
+REWARD_SECTIONS = ("ppo", "grpo")
+JUDGE_SECTIONS = ("grpo",)
+# Every served run gets a checkpoint every this many optimizer steps unless it says otherwise.
+DEFAULT_CHECKPOINT_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated run: the document its process validates again, the config, provenance."""
+
+    document: dict[str, Any]
+    config: RunConfig
+    provenance: dict[str, dict[str, str]]
+    base_dir: Path
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`, tables merged key by key (lists and values replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def prepare(
+    document: dict[str, Any],
+    params: dict[str, Any] | None,
+    server: ServerConfig,
+    run_dir: Path,
+    where: str = "config",
+) -> Prepared:
+    """What `POST /v1/runs` turns into a run; Problem for every refusal. `where` is the JSON
+    pointer of the document in the request ("" for a TOML body)."""
+    prefix = (where,) if where else ()
+    provenance: dict[str, dict[str, str]] = {}
+    doc = merge(document, params or {})
+    _leaves(document, (), "override", provenance)
+    _leaves(params or {}, (), "override", provenance)
+    _refuse_declared(doc, prefix)
+    _resolve_catalogue(doc, server, prefix, provenance)
+    _add_run_folders(doc, run_dir, provenance)
+    base_dir = server.path_roots[0] if server.path_roots else Path.cwd()
+    try:
+        config = validate_run(doc, source="the run document", base_dir=base_dir)
+    except ConfigError as error:
+        issues = getattr(error, "issues", None)
+        errors = issues_to_errors(issues, RunConfig, prefix) if issues else []
+        raise Problem("invalid-request", str(error), errors) from None
+    check_paths(config, server, prefix, run_dir)
+    return Prepared(doc, config, provenance, base_dir)
+
+
+def _leaves(doc: Any, at: tuple[str, ...], source: str, out: dict[str, dict[str, str]]) -> None:
+    if isinstance(doc, dict) and doc:
+        for k, v in doc.items():
+            _leaves(v, (*at, str(k)), source, out)
+    elif at:
+        out[".".join(at)] = {"source": source}
+
+
+def _refuse_declared(doc: dict[str, Any], prefix: tuple[str, ...]) -> None:
+    errors = []
+    for (section, name), instead in SERVER_DECLARED.items():
+        table = doc.get(section)
+        if isinstance(table, dict) and name in table:
+            value = table[name]
+            if name in ("reward_command",) or not _is_reference(value):
+                errors.append(
+                    FieldError(
+                        pointer(*prefix, section, name),
+                        "server_declared",
+                        f"[{section}].{name} is declared by the server operator; reference {instead}",
+                    )
+                )
+    if errors:
+        raise Problem(
+            "server-declared",
+            "the document sets fields only the server's configuration may declare",
+            errors,
+        )
+
+
+def _is_reference(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"id"}
+
+
+def _resolve_catalogue(
+    doc: dict[str, Any],
+    server: ServerConfig,
+    prefix: tuple[str, ...],
+    provenance: dict[str, dict[str, str]],
+) -> None:
+    """`reward = {id}` and `judge = {id}` replaced by the catalogue's entries."""
+    errors = []
+    for section in REWARD_SECTIONS:
+        table = doc.get(section)
+        if not isinstance(table, dict) or "reward" not in table:
+            continue
+        ref = table.pop("reward")
+        entry = _entry(server, "reward", ref, pointer(*prefix, section, "reward"), errors)
+        if entry is not None:
+            table["reward_command"] = list(entry.command)
+            table["reward_mode"] = entry.mode
+            table.setdefault("reward_timeout_seconds", entry.timeout_seconds)
+            provenance[f"{section}.reward_command"] = {
+                "source": "derived",
+                "reason": f"[[reward]] {entry.id}",
+            }
+    for section in JUDGE_SECTIONS:
+        table = doc.get(section)
+        if not isinstance(table, dict) or not _is_reference(table.get("judge")):
+            continue
+        ref = table["judge"]
+        entry = _entry(server, "judge", ref, pointer(*prefix, section, "judge", "id"), errors)
+        if entry is not None:
+            table["judge"] = entry.model_dump(
+                mode="json", exclude={"id", "description"}, exclude_unset=True
+            )
+            provenance[f"{section}.judge"] = {
+                "source": "derived",
+                "reason": f"[[judge]] {entry.id}",
+            }
+    if errors:
+        raise Problem("unknown-catalog-id", "the document references undeclared entries", errors)
+
+
+def _entry(server: ServerConfig, kind: str, ref: Any, where: str, errors: list) -> Any:
+    if not _is_reference(ref) or not isinstance(ref["id"], str):
+        errors.append(
+            FieldError(where, "invalid_value", f'must be {{"id": "..."}} naming a [[{kind}]]')
+        )
+        return None
+    found = server.catalogue(kind).get(ref["id"])
+    if found is None:
+        known = ", ".join(server.catalogue(kind)) or "none declared"
+        errors.append(
+            FieldError(where, "unknown_catalog_id", f"no [[{kind}]] has id {ref['id']!r} ({known})")
+        )
+    return found
+
+
+def _add_run_folders(
+    doc: dict[str, Any], run_dir: Path, provenance: dict[str, dict[str, str]]
+) -> None:
+    """[output].path and [checkpoint] under the run's folder when the document leaves them out."""
+    output = doc.setdefault("output", {})
+    if isinstance(output, dict) and "path" not in output:
+        output["path"] = str(run_dir / "output" / "adapter.gguf")
+        provenance["output.path"] = {"source": "derived", "reason": "the run's folder"}
+    if "checkpoint" not in doc:
+        doc["checkpoint"] = {
+            "directory": str(run_dir / "checkpoints"),
+            "mode": "steps",
+            "every_steps": DEFAULT_CHECKPOINT_STEPS,
+        }
+        for k in doc["checkpoint"]:
+            provenance[f"checkpoint.{k}"] = {
+                "source": "derived",
+                "reason": "every served run can be resumed",
+            }
+
+
+def config_paths(value: Any, at: tuple[str | int, ...] = ()) -> list[tuple[tuple, Path]]:
+    """Every (place, path) of a validated run config."""
+    if isinstance(value, Path):
+        return [(at, value)]
+    found = []
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            found += config_paths(getattr(value, name), (*at, name))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found += config_paths(item, (*at, i))
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            found += config_paths(item, (*at, k))
+    return found
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, symlinks and `..` resolved, lies in `root` (also resolved)."""
+    return Path(path).resolve().is_relative_to(Path(root).resolve())
+
+
+def check_paths(
+    config: RunConfig, server: ServerConfig, prefix: tuple[str, ...], run_dir: Path
+) -> None:
+    """Every path of the run inside a path root (the run's own folder always is); none at all
+    when the server does not take local paths."""
+    errors = []
+    for place, path in config_paths(config):
+        if inside(path, run_dir):
+            continue
+        where = pointer(*prefix, *place)
+        key = ".".join(str(p) for p in place)
+        if not server.local_paths:
+            errors.append(
+                FieldError(
+                    where,
+                    "needs_opt_in",
+                    f"{key}: this server takes no local paths (allow_local_paths = false)",
+                )
+            )
+        elif server.path_roots and not any(inside(path, root) for root in server.path_roots):
+            errors.append(
+                FieldError(
+                    where, "forbidden_path", f"{key} = {path}: outside the server's path_roots"
+                )
+            )
+    if errors:
+        raise Problem("forbidden-path", "the document names paths the server may not use", errors)
+
+
+def marked_schema() -> dict[str, Any]:
+    """The run file's JSON Schema with the server's marks: `x-retrograd-server-declared` on
+    the fields clients may not send, `x-retrograd-patchable` on those PATCH may change."""
+    from retrograd.config import json_schema
+
+    schema = json_schema()
+
+    def properties(section: str) -> dict[str, Any]:
+        prop = schema["properties"][section]
+        refs = [prop.get("$ref")] + [o.get("$ref") for o in prop.get("anyOf", [])]
+        ref = next((r for r in refs if r), None)
+        return schema["$defs"][ref.rsplit("/", 1)[1]]["properties"] if ref else {}
+
+    for section, name in SERVER_DECLARED:
+        properties(section)[name]["x-retrograd-server-declared"] = True
+    for section, names in PATCHABLE.items():
+        for name in names:
+            properties(section)[name]["x-retrograd-patchable"] = True
+    return schema

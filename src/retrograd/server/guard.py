@@ -1,0 +1,208 @@
+"""What every request passes before a route (formats.md §9.2): trace id, bearer token under
+/v1, body size, request time, and the problem+json answers for what goes wrong.
+
+`Guard` is plain ASGI so that event streams pass through unbuffered. It answers 401 (with
+`WWW-Authenticate: Bearer`) for a missing or wrong token, 413 for a body over the limit
+(announced by Content-Length, or counted as it arrives), 504 for a request over
+`request_timeout_seconds` (event streams exempt). `install_handlers` turns Problem, FastAPI's
+validation errors, Starlette's 404/405 and any other exception into problem+json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from retrograd.server.links import signed_request
+from retrograd.server.problems import MEDIA_TYPE, FieldError, Problem, pointer, unknown_field
+
+log = logging.getLogger(__name__)
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="retrograd"'}
+
+
+def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONResponse:
+    return JSONResponse(
+        problem.document(trace_id, redact),
+        status_code=problem.status,
+        media_type=MEDIA_TYPE,
+        headers={**problem.headers, "Trace-Id": trace_id},
+    )
+
+
+def _is_stream(path: str) -> bool:
+    return path.endswith("/events")
+
+
+class Guard:
+    def __init__(
+        self,
+        app,
+        *,
+        token: str | None,
+        max_body: int,
+        timeout: float,
+        redact: bool,
+        route_limits: dict[str, int] | None = None,
+    ):
+        self.app = app
+        self.token = token
+        self.max_body = max_body
+        self.route_limits = route_limits or {}
+        self.timeout = timeout
+        self.redact = redact
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        trace_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["trace_id"] = trace_id
+        path, headers = scope["path"], Headers(scope=scope)
+
+        async def refuse(problem: Problem) -> None:
+            await problem_response(problem, trace_id, self.redact)(scope, receive, send)
+
+        if (
+            self.token is not None
+            and path.startswith("/v1")
+            and not self._authorized(headers)
+            and not signed_request(scope["method"], path, scope.get("query_string", b""))
+        ):
+            return await refuse(
+                Problem(
+                    "unauthorized",
+                    "send the server's token as Authorization: Bearer <token>",
+                    [
+                        FieldError(
+                            "/headers/authorization", "unauthorized", "missing or wrong token"
+                        )
+                    ],
+                    headers=CHALLENGE,
+                )
+            )
+        limit = self.route_limits.get(path, self.max_body)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await refuse(self._too_large(limit))
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self._too_large(limit)
+            return message
+
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message.setdefault("headers", []).append((b"trace-id", trace_id.encode()))
+            await send(message)
+
+        if _is_stream(path):
+            return await self.app(scope, counted, tracked)
+        try:
+            await asyncio.wait_for(self.app(scope, counted, tracked), self.timeout)
+        except TimeoutError:
+            if not started:
+                detail = f"the request took longer than {self.timeout:g} s"
+                await refuse(Problem("timeout", detail))
+
+    def _authorized(self, headers: Headers) -> bool:
+        given = headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), self.token)
+
+    def _too_large(self, limit: int) -> Problem:
+        return Problem(
+            "payload-too-large",
+            f"the request body is over the server's limit ({limit} bytes)",
+            meta={"max_body_bytes": limit},
+        )
+
+
+def trace_of(request: Request) -> str:
+    return request.scope.get("state", {}).get("trace_id", "")
+
+
+def install_handlers(app: FastAPI, redact: bool) -> None:
+    @app.exception_handler(Problem)
+    async def on_problem(request: Request, problem: Problem):
+        return problem_response(problem, trace_of(request), redact)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, error: RequestValidationError):
+        errors = [_field_error(e) for e in error.errors()]
+        problem = Problem("invalid-request", "the request does not match its schema", errors)
+        return problem_response(problem, trace_of(request), redact)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, error: StarletteHTTPException):
+        if error.status_code == 404:
+            problem = Problem("not-found", f"no route {request.url.path}")
+        elif error.status_code == 405:
+            problem = Problem(
+                "method-not-allowed",
+                f"{request.method} is not allowed on {request.url.path}",
+                headers=dict(error.headers or {}),
+            )
+        else:
+            problem = Problem("invalid-request", str(error.detail))
+        return problem_response(problem, trace_of(request), redact)
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, error: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        problem = Problem("internal", f"{type(error).__name__}: {error}")
+        return problem_response(problem, trace_of(request), redact)
+
+
+def _field_error(error: dict) -> FieldError:
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    where = pointer(*loc)
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return FieldError(
+            where, "unknown_field", f"unknown field {loc[-1]!r}" if loc else "unknown field"
+        )
+    if kind == "missing":
+        return FieldError(where, "missing_field", "required")
+    if kind.startswith(("greater", "less")):
+        return FieldError(where, "out_of_range", error.get("msg", ""))
+    return FieldError(where, "invalid_value", error.get("msg", ""))
+
+
+def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
+    """A JSON object body; unknown top-level fields refused with the closest known one."""
+    try:
+        data = json.loads(body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise Problem(
+            "invalid-request",
+            f"the body is not JSON: {error}",
+            [FieldError("", "unsupported_format", f"not JSON: {error}")],
+        ) from None
+    if not isinstance(data, dict):
+        raise Problem(
+            "invalid-request",
+            "the body must be a JSON object",
+            [FieldError("", "invalid_value", "must be a JSON object")],
+        )
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        errors = [unknown_field(pointer(name), name, known) for name in unknown]
+        raise Problem("invalid-request", "the body has unknown fields", errors)
+    return data

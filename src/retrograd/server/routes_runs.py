@@ -1,0 +1,542 @@
+"""Runs over HTTP (formats.md §9.3): create, list, view, delete, control, events, metrics,
+artifacts.
+
+A run is created from a whole run document: `{"config": {...}, "params": {...}, "name": ...}`
+as JSON, or the TOML of a run file (`Content-Type: application/toml`, `?name=` beside it).
+`?dry_run=true` (and `POST /v1/plan`) validate and answer the effective config without
+creating anything. The recipe form and `fork_from` answer `not-implemented` for now. Control
+routes answer CommandAccepted (202); their effect comes at the run's next boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
+
+from retrograd.config.load import parse_toml
+from retrograd.errors import ConfigError
+from retrograd.server.documents import PATCHABLE, prepare
+from retrograd.server.events import frame, lagged_frame
+from retrograd.server.guard import CHALLENGE, read_json_object
+from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.server.store import FINISHED, TERMINAL, RunRecord, iso, new_run_id, now_ms
+
+router = APIRouter(tags=["runs"])
+REQUEST_FIELDS = ("config", "params", "name", "recipe", "fork_from")
+KEEPALIVE_SECONDS = 15.0
+
+
+def _state(request: Request):
+    s = request.app.state
+    return s.config, s.store, s.runs
+
+
+def _record(request: Request, run_id: str) -> RunRecord:
+    _, store, _ = _state(request)
+    record = store.runs.get(run_id)
+    if record is None:
+        raise Problem(
+            "not-found",
+            f"no run {run_id!r}",
+            [FieldError(pointer("id"), "not_found", f"no run {run_id!r}")],
+        )
+    return record
+
+
+def summary(record: RunRecord, runs) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "name": record.name,
+        "status": record.status,
+        "algorithm": record.algorithm,
+        "model": record.model,
+        "created_at": iso(record.created_at),
+        "started_at": iso(record.started_at),
+        "finished_at": iso(record.finished_at),
+        "error": record.error,
+        "queue_position": runs.queue_position(record.id),
+        "holds_device": record.id in runs.live,
+        "progress": record.progress,
+    }
+
+
+def view(record: RunRecord, runs) -> dict[str, Any]:
+    return {
+        **summary(record, runs),
+        "objective": record.objective,
+        "observed": record.observed,
+        "effective_config": record.effective_config,
+        "provenance": record.provenance,
+        "plan": record.plan,
+    }
+
+
+# -- creating ---------------------------------------------------------------------------------
+
+
+async def _run_request(request: Request) -> tuple[dict, dict | None, str | None, str]:
+    """(document, params, name, pointer of the document) from a JSON or TOML body."""
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    body = await request.body()
+    if media in ("application/toml", "text/toml", "application/x-toml"):
+        try:
+            document = parse_toml(body.decode("utf-8"), "the TOML body")
+        except (ConfigError, UnicodeDecodeError) as error:
+            raise Problem(
+                "invalid-request", str(error), [FieldError("", "unsupported_format", str(error))]
+            ) from None
+        return document, None, request.query_params.get("name"), ""
+    if media != "application/json":
+        raise Problem(
+            "unsupported-media-type",
+            f"{media}: send application/json (a PlanRequest) or application/toml (a run file)",
+        )
+    data = read_json_object(body, REQUEST_FIELDS)
+    for unbuilt in ("recipe", "fork_from"):
+        if unbuilt in data:
+            raise Problem(
+                "not-implemented",
+                f"{unbuilt} is not built yet on this server; send a whole run document as config",
+            )
+    if not isinstance(data.get("config"), dict):
+        raise _invalid("config", "missing_field", "required: the run document (or a TOML body)")
+    params = data.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise _invalid("params", "invalid_value", "must be an object: a partial run document")
+    name = data.get("name")
+    if name is not None and not isinstance(name, str):
+        raise _invalid("name", "invalid_value", "must be a string")
+    return data["config"], params, name, "config"
+
+
+def _invalid(field: str, code: str, message: str) -> Problem:
+    return Problem(
+        "invalid-request", f"{field}: {message}", [FieldError(pointer(field), code, message)]
+    )
+
+
+def _dry(prepared) -> dict[str, Any]:
+    return {
+        "effective_config": prepared.config.model_dump(mode="json", exclude_none=True),
+        "provenance": prepared.provenance,
+        "plan": {"schema_version": 1, "warnings": []},
+    }
+
+
+@router.post("/plan")
+async def plan(request: Request):
+    config, store, _ = _state(request)
+    document, params, _name, where = await _run_request(request)
+    return _dry(prepare(document, params, config, store.folder("run_plan"), where))
+
+
+@router.post("/runs", status_code=201)
+async def create_run(request: Request, response: Response, dry_run: bool = False):
+    config, store, runs = _state(request)
+    key = request.headers.get("idempotency-key")
+    if key is not None:
+        with store.lock:
+            for record in store.runs.values():
+                if record.identity.get("idempotency_key") == key:
+                    response.status_code = 200
+                    return view(record, runs)
+    document, params, name, where = await _run_request(request)
+    run_id = new_run_id()
+    prepared = prepare(document, params, config, store.folder(run_id).resolve(), where)
+    if dry_run:
+        response.status_code = 200
+        return _dry(prepared)
+    cfg = prepared.config
+    record = RunRecord(
+        id=run_id,
+        name=name,
+        status="queued",
+        algorithm=cfg.run.algorithm,
+        model=str(cfg.model.path),
+        created_at=now_ms(),
+        effective_config=cfg.model_dump(mode="json", exclude_none=True),
+        provenance=prepared.provenance,
+        document=prepared.document,
+        base_dir=str(prepared.base_dir),
+        observed=cfg.observe is not None,
+        identity={"idempotency_key": key} if key is not None else {},
+        artifacts={"adapter": str(cfg.output.path)},
+    )
+    with store.lock:
+        store.add(record)
+        runs.emit(record, "status", {"status": "queued"})
+        runs.enqueue(record)
+        return view(record, runs)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+@router.get("/runs")
+async def list_runs(
+    request: Request,
+    status: str | None = None,
+    algorithm: str | None = None,
+    name: str | None = None,
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = None,
+):
+    _, store, runs = _state(request)
+    with store.lock:
+        chosen = [
+            r
+            for r in sorted(store.runs.values(), key=lambda r: r.id, reverse=True)
+            if (status is None or r.status in status.split(","))
+            and (algorithm is None or r.algorithm == algorithm)
+            and (name is None or r.name == name)
+            and (cursor is None or r.id < cursor)
+        ]
+        page = [summary(r, runs) for r in chosen[:limit]]
+    out: dict[str, Any] = {"runs": page}
+    if len(chosen) > limit:
+        out["next_cursor"] = page[-1]["id"]
+    return out
+
+
+@router.get("/runs/{run_id}")
+async def get_run(request: Request, run_id: str):
+    _, store, runs = _state(request)
+    with store.lock:
+        return view(_record(request, run_id), runs)
+
+
+@router.delete("/runs/{run_id}", status_code=204)
+async def delete_run(request: Request, run_id: str):
+    _, store, _ = _state(request)
+    with store.lock:
+        record = _record(request, run_id)
+        if record.status not in FINISHED:
+            raise Problem(
+                "conflict",
+                f"run {run_id} is {record.status}; cancel it first",
+                [FieldError(pointer("id"), "conflict", f"the run is {record.status}")],
+            )
+        store.delete(run_id)
+    return Response(status_code=204)
+
+
+# -- control ----------------------------------------------------------------------------------
+
+
+def _accepted(record: RunRecord, applied: list[str] | None = None) -> dict[str, Any]:
+    out = {"id": record.id, "status": record.status, "applied": applied or []}
+    if "iteration" in record.progress:
+        out["applies_at_iteration"] = record.progress["iteration"]
+    return out
+
+
+def _control(action: str):
+    """A control route without a body: Runs.<action> on the run, answered CommandAccepted."""
+
+    async def route(request: Request, run_id: str):
+        record = _record(request, run_id)
+        getattr(request.app.state.runs, action)(record)
+        return _accepted(record)
+
+    route.__name__ = action
+    return route
+
+
+for _path, _action in (("pause", "pause"), ("resume", "resume"), ("checkpoints", "checkpoint")):
+    router.add_api_route(
+        f"/runs/{{run_id}}/{_path}", _control(_action), methods=["POST"], status_code=202
+    )
+
+
+@router.post("/runs/{run_id}/cancel", status_code=202)
+async def cancel(request: Request, run_id: str):
+    _, _, runs = _state(request)
+    record = _record(request, run_id)
+    body = read_json_object(await request.body(), ("at", "checkpoint"))
+    at = body.get("at", "boundary")
+    checkpoint = body.get("checkpoint", False)
+    errors = []
+    if at not in ("boundary", "now"):
+        errors.append(FieldError(pointer("at"), "invalid_value", "must be boundary or now"))
+    if not isinstance(checkpoint, bool):
+        errors.append(FieldError(pointer("checkpoint"), "invalid_value", "must be true or false"))
+    elif checkpoint and at == "now":
+        errors.append(
+            FieldError(pointer("checkpoint"), "invalid_value", 'a checkpoint needs at = "boundary"')
+        )
+    if errors:
+        raise Problem("invalid-request", "the cancel request is not valid", errors)
+    runs.cancel(record, at, checkpoint)
+    return _accepted(record)
+
+
+@router.patch("/runs/{run_id}")
+async def patch(request: Request, run_id: str):
+    _record(request, run_id)
+    body = read_json_object(await request.body(), tuple(PATCHABLE))
+    errors = []
+    for section, table in body.items():
+        keys = table if isinstance(table, dict) else {"": None}
+        for key in keys:
+            if key not in PATCHABLE[section]:
+                errors.append(
+                    FieldError(
+                        pointer(section, key),
+                        "override_conflict",
+                        f"[{section}].{key} cannot change during a run; start a new run "
+                        "with fork_from",
+                    )
+                )
+    if errors:
+        raise Problem("conflict", "only the whitelisted keys change during a run", errors)
+    raise Problem("not-implemented", "patching a live run is not built yet on this server")
+
+
+# -- events and metrics ----------------------------------------------------------------------
+
+
+def _since(request: Request, since: int | None) -> int:
+    given = request.headers.get("last-event-id")
+    value: Any = given if given is not None else (since or 0)
+    try:
+        value = int(value)
+    except ValueError:
+        value = -1
+    if value < 0:
+        where = "/headers/last-event-id" if given is not None else pointer("since")
+        raise Problem(
+            "invalid-request",
+            "the replay position must be a sequence number (0 or more)",
+            [FieldError(where, "invalid_value", "must be an integer of 0 or more")],
+        )
+    return value
+
+
+@router.get("/runs/{run_id}/events")
+async def run_events(request: Request, run_id: str, since: int | None = Query(None)):
+    _, store, runs = _state(request)
+    first = _since(request, since)
+    with store.lock:
+        record = _record(request, run_id)
+        sub = runs.hub.subscribe(run_id)
+        replay = store.logs[run_id].since(first)
+        ended = record.status in TERMINAL
+
+    async def stream():
+        last = first
+        try:
+            for event in replay:
+                yield frame(event)
+                last = event["seq"]
+                if event["type"] == "terminal":
+                    return
+            if ended:
+                return
+            async for event in _live(sub):
+                if isinstance(event, str):  # a keepalive, or the end of a lagged stream
+                    yield event if event != LAGGED else lagged_frame(last)
+                    continue
+                if event["seq"] > last:
+                    yield frame(event)
+                    last = event["seq"]
+                    if event["type"] == "terminal":
+                        return
+        finally:
+            runs.hub.unsubscribe(sub)
+
+    return _sse(stream())
+
+
+@router.get("/events")
+async def all_events(request: Request):
+    _, _, runs = _state(request)
+    sub = runs.hub.subscribe(None)
+
+    async def stream():
+        try:
+            yield ": live events of every run\n\n"
+            async for event in _live(sub):
+                if isinstance(event, str):
+                    yield event if event != LAGGED else lagged_frame(0)
+                else:
+                    yield frame(event, with_id=False)
+        finally:
+            runs.hub.unsubscribe(sub)
+
+    return _sse(stream())
+
+
+LAGGED = "lagged"
+
+
+async def _live(sub):
+    """A subscription's events as they come, a keepalive comment when none came for a while,
+    and LAGGED last when the client fell too far behind."""
+    while True:
+        try:
+            event = await asyncio.wait_for(sub.next(), KEEPALIVE_SECONDS)
+        except TimeoutError:
+            yield ": keepalive\n\n"
+            continue
+        if event is None:
+            yield LAGGED
+            return
+        yield event
+
+
+def _sse(body) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+@router.get("/runs/{run_id}/metrics")
+async def metrics(
+    request: Request,
+    run_id: str,
+    since: int = Query(0, ge=0),
+    names: str | None = None,
+    limit: int = Query(1000, ge=1, le=1000),
+):
+    _, store, _ = _state(request)
+    with store.lock:
+        _record(request, run_id)
+        events = [e for e in store.logs[run_id].since(since) if e["type"] == "metrics"]
+    wanted = set(names.split(",")) if names else None
+    out = []
+    for e in events[:limit]:
+        values = {k: v for k, v in e["values"].items() if wanted is None or k in wanted}
+        out.append(
+            {k: e[k] for k in ("seq", "at", "iteration", "global_step")} | {"values": values}
+        )
+    return {"metrics": out, "next_since": out[-1]["seq"] if out else since}
+
+
+# -- artifacts --------------------------------------------------------------------------------
+
+
+def _artifacts(request: Request, record: RunRecord) -> list[dict[str, Any]]:
+    _, store, _ = _state(request)
+    folder = store.folder(record.id)
+    cfg = record.effective_config
+    places = {
+        "adapter": cfg.get("output", {}).get("path"),
+        "run": str(folder / "run.json"),
+        "events": str(folder / "events.jsonl"),
+        "checkpoints": cfg.get("checkpoint", {}).get("directory"),
+        "tensorboard": cfg.get("metrics", {}).get("tensorboard_dir"),
+        "wandb_export": cfg.get("metrics", {}).get("wandb_export_dir"),
+        "observe": cfg.get("observe", {}).get("directory"),
+    }
+    out = []
+    for name, place in places.items():
+        if place is None:
+            continue
+        path = Path(place)
+        kind = (
+            "directory"
+            if name in ("checkpoints", "tensorboard", "wandb_export", "observe")
+            else "file"
+        )
+        present = path.is_dir() if kind == "directory" else path.is_file()
+        item = {
+            "name": name,
+            "path": str(path),
+            "kind": kind,
+            "present": present,
+            "downloadable": present and kind == "file",
+        }
+        if present and kind == "file":
+            item["bytes"] = path.stat().st_size
+        out.append(item)
+    return out
+
+
+@router.get("/runs/{run_id}/artifacts")
+async def artifacts(request: Request, run_id: str):
+    record = _record(request, run_id)
+    config = request.app.state.config
+    items = _artifacts(request, record)
+    if config.redact:
+        for item in items:
+            item.pop("path")
+    return {"artifacts": items}
+
+
+def _downloadable(request: Request, record: RunRecord, name: str) -> dict[str, Any]:
+    found = {a["name"]: a for a in _artifacts(request, record)}.get(name)
+    if found is None or not found["downloadable"]:
+        why = "no such artifact" if found is None else "not present, or a directory"
+        raise Problem(
+            "not-found",
+            f"run {record.id} has no downloadable artifact {name!r} ({why})",
+            [FieldError(pointer("name"), "not_found", why)],
+        )
+    return found
+
+
+@router.get("/runs/{run_id}/artifacts/{name}")
+async def artifact(
+    request: Request, run_id: str, name: str, sig: str | None = None, exp: str | None = None
+):
+    if sig is not None and not request.app.state.links.valid(run_id, name, sig, exp):
+        raise Problem(
+            "unauthorized",
+            "the link is expired, or signed for something else; ask for a new one",
+            [FieldError(pointer("sig"), "unauthorized", "invalid or expired signature")],
+            headers=CHALLENGE,
+        )
+    found = _downloadable(request, _record(request, run_id), name)
+    suffix = {"adapter": ".gguf", "run": ".json", "events": ".jsonl"}.get(name, "")
+    return FileResponse(
+        found["path"], filename=f"{run_id}-{name}{suffix}", media_type="application/octet-stream"
+    )
+
+
+@router.post("/runs/{run_id}/artifacts/{name}/link")
+async def link(request: Request, run_id: str, name: str):
+    record = _record(request, run_id)
+    _downloadable(request, record, name)
+    sig, exp = request.app.state.links.sign(run_id, name)
+    return {
+        "href": f"/v1/runs/{run_id}/artifacts/{name}?sig={sig}&exp={exp}",
+        "expires_at": iso(exp * 1000),
+    }
+
+
+@router.get("/runs/{run_id}/checkpoints")
+async def checkpoints(request: Request, run_id: str):
+    """The run's checkpoints newest first (formats.md §5.3); `latest` is what a resume picks."""
+    from retrograd.checkpoint.layout import latest_checkpoint, list_checkpoints
+
+    record = _record(request, run_id)
+    directory = record.effective_config.get("checkpoint", {}).get("directory")
+    if directory is None:
+        return {"checkpoints": []}
+    hide = request.app.state.config.redact
+    items = []
+    for c in list_checkpoints(directory):
+        item = {
+            "id": c.id,
+            "path": str(c.path),
+            "kind": c.kind,
+            "global_step": c.global_step,
+            "bytes": c.bytes,
+            "complete": c.complete,
+            "adapter": str(c.adapter) if c.adapter else None,
+            "written_at": iso(int(c.written_at * 1000)) if c.written_at else None,
+        }
+        if hide:
+            item.pop("path")
+            item["adapter"] = c.adapter is not None or None
+        items.append({k: v for k, v in item.items() if v is not None})
+    latest = latest_checkpoint(directory)
+    out: dict[str, Any] = {"checkpoints": items}
+    if latest is not None:
+        out["latest"] = latest.name.removesuffix(".state")
+    if not hide:
+        out["directory"] = directory
+    return out

@@ -1,0 +1,219 @@
+"""The OpenAI routes over runs' weights: `RUN_ID`, `RUN_ID@final|@best|@step-N|@latest|@base`.
+
+A model id names a run and which of its adapters to apply: `@final` the adapter it exported,
+`@best` and `@step-N` the adapters exported beside those checkpoints, `@latest` the one a
+resume would pick, `@base` none; a bare `RUN_ID` is the final adapter once written, else the
+latest checkpoint's (a live run is answered with its latest checkpoint, not the weights in its
+process). Answers come from `retrograd serve`'s own app (serve/app.py), built for one model at
+a time in this process and dropped after `[serving].idle_seconds` or when another model is
+asked for. Errors are OpenAI's JSON, not problem+json. Only runs that train a LoRA adapter
+are served. Nothing here imports torch until a chat request loads a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.responses import JSONResponse
+
+from retrograd.serve.errors import ApiError, model_entry
+from retrograd.server.store import RunRecord, RunStore
+
+CHAT = "/v1/chat/completions"
+_ID = re.compile(r"^(run_[0-9a-f]+)(?:@(final|best|latest|base|step-(\d+)))?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one model id resolves to: the run and the adapter file (None: the base model)."""
+
+    model_id: str
+    run: RunRecord
+    adapter: Path | None
+
+
+def _checkpoint_dir(record: RunRecord) -> Path | None:
+    directory = record.effective_config.get("checkpoint", {}).get("directory")
+    return Path(directory) if directory else None
+
+
+def _final(record: RunRecord) -> Path | None:
+    output = record.effective_config.get("output", {})
+    path = Path(output["path"]) if output.get("kind", "adapter") == "adapter" else None
+    return path if path is not None and path.is_file() else None
+
+
+def _exports(record: RunRecord) -> list[tuple[str, Path]]:
+    """(suffix, adapter) of the run's checkpoints that have an exported adapter, newest first."""
+    from retrograd.checkpoint.layout import list_checkpoints
+
+    directory = _checkpoint_dir(record)
+    if directory is None:
+        return []
+    found = []
+    for c in list_checkpoints(directory):
+        if c.complete and c.adapter is not None:
+            found.append((c.id if c.kind == "best" else f"step-{c.global_step}", c.adapter))
+    return found
+
+
+def _latest(record: RunRecord) -> Path | None:
+    from retrograd.checkpoint.layout import latest_checkpoint
+
+    directory = _checkpoint_dir(record)
+    state = latest_checkpoint(directory) if directory is not None else None
+    adapter = state.with_suffix(".gguf") if state is not None else None
+    return adapter if adapter is not None and adapter.is_file() else None
+
+
+def available(record: RunRecord) -> list[str]:
+    """Every model id the run answers to now."""
+    if record.effective_config.get("training", {}).get("trainable", "lora") != "lora":
+        return []
+    ids = [record.id] if (_final(record) or _latest(record)) else []
+    ids += [f"{record.id}@final"] if _final(record) else []
+    ids += [f"{record.id}@latest"] if _latest(record) else []
+    ids += [f"{record.id}@{suffix}" for suffix, _ in _exports(record)]
+    return ids + [f"{record.id}@base"]
+
+
+def resolve(store: RunStore, model_id: str) -> Target:
+    found = _ID.match(model_id or "")
+    record = store.runs.get(found[1]) if found else None
+    if record is None:
+        raise ApiError(404, f"model {model_id!r} not found", "model", "model_not_found")
+    if model_id not in available(record):
+        raise ApiError(
+            404,
+            f"model {model_id!r}: that run has no such weights (it has: "
+            f"{', '.join(available(record)) or 'none: it trains base tensors'})",
+            "model",
+            "model_not_found",
+        )
+    suffix = found[2]
+    if suffix == "base":
+        adapter = None
+    elif suffix == "final":
+        adapter = _final(record)
+    elif suffix == "latest":
+        adapter = _latest(record)
+    elif suffix is None:
+        adapter = _final(record) or _latest(record)
+    else:
+        adapter = dict(_exports(record))[suffix]
+    return Target(model_id, record, adapter)
+
+
+class Serving:
+    """One loaded model at a time, its serve app, and when it was last used."""
+
+    def __init__(self, store: RunStore, idle_seconds: float):
+        self.store = store
+        self.idle_seconds = idle_seconds
+        self.key: tuple | None = None
+        self.app = None
+        self.used = 0.0
+        self.lock = asyncio.Lock()
+
+    async def app_for(self, target: Target):
+        key = (target.run.id, str(target.adapter), target.model_id)
+        async with self.lock:
+            if self.key != key:
+                self.close()
+                self.app = await asyncio.to_thread(_build, target)
+                self.key = key
+            self.used = time.monotonic()
+            return self.app
+
+    def close(self) -> None:
+        if self.app is not None:
+            self.app.state.worker.close()
+        self.app, self.key = None, None
+
+    def close_if_idle(self) -> None:
+        if self.app is not None and time.monotonic() - self.used > self.idle_seconds:
+            self.close()
+
+
+def _build(target: Target):
+    """serve/app.py's app over the run's model with the target's adapter, named by its id."""
+    from retrograd.config import validate_run
+    from retrograd.serve.app import create_app
+    from retrograd.serve.weights import load_for_generation
+
+    record = target.run
+    cfg = validate_run(record.document, source=f"run {record.id}", base_dir=record.base_dir)
+    loaded = load_for_generation(cfg, target.adapter, None, None)
+    return create_app(loaded, target.model_id)
+
+
+def openai_error(error: ApiError) -> JSONResponse:
+    headers = dict(error.headers or {})
+    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions: the body's `model` picks the weights; serve's app answers."""
+
+    def __init__(self, store: RunStore, serving: Serving):
+        self.store, self.serving = store, serving
+
+    async def __call__(self, scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            data = json.loads(body)
+            model_id = data.get("model") if isinstance(data, dict) else None
+            if not isinstance(model_id, str):
+                raise ApiError(400, "model: required, a model id (GET /v1/models)", "model")
+            with self.store.lock:
+                target = resolve(self.store, model_id)
+            app = await self.serving.app_for(target)
+        except json.JSONDecodeError as error:
+            return await openai_error(ApiError(400, f"the body is not JSON: {error}"))(
+                scope, receive, send
+            )
+        except ApiError as error:
+            return await openai_error(error)(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+
+def model_routes(app, store: RunStore, serving: Serving) -> None:
+    """GET /v1/models, GET /v1/models/{model} and POST /v1/chat/completions on `app`."""
+    from starlette.routing import Route
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models():
+        with store.lock:
+            records = sorted(store.runs.values(), key=lambda r: r.id, reverse=True)
+            ids = [(i, r.created_at // 1000) for r in records for i in available(r)]
+        return {"object": "list", "data": [model_entry(i, created) for i, created in ids]}
+
+    @app.get("/v1/models/{model_id:path}", tags=["openai"])
+    async def model(model_id: str):
+        try:
+            with store.lock:
+                target = resolve(store, model_id)
+        except ApiError as error:
+            return openai_error(error)
+        return model_entry(model_id, target.run.created_at // 1000)
+
+    endpoint = ChatCompletions(store, serving)
+    app.router.routes.append(Route(CHAT, endpoint, methods=["POST"]))

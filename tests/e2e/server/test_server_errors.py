@@ -1,0 +1,249 @@
+"""Every problem type the server answers today, each produced by a real request to a real
+server (token, path roots, a small body limit, a catalogue), and path escapes refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import httpx
+import pytest
+
+from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.tiny_gguf import write_tiny
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("root")
+    outside = tmp_path_factory.mktemp("outside")
+    model = write_tiny(root / "tiny.gguf", "llama")
+    (outside / "secret.txt").write_text("not yours")
+    os.symlink(outside / "secret.txt", root / "link.txt")
+    toml = f"""
+path_roots = ["{root}"]
+max_body_bytes = "64KiB"
+request_timeout_seconds = 2
+redact_error_paths = true
+[[reward]]
+id = "plurals"
+description = "1 for the right plural"
+command = ["python3", "reward.py"]
+"""
+    server = RunServer(tmp_path_factory.mktemp("srv") / "state", toml=toml, token=TOKEN).start()
+    yield server, root, outside, model
+    server.stop()
+
+
+def problem(response: httpx.Response, status: int, kind: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    doc = response.json()
+    assert doc["type"] == f"https://retrograd.dev/problems/{kind}" and doc["status"] == status
+    assert doc["trace_id"] and doc["title"] and isinstance(doc["errors"], list)
+    return doc
+
+
+def codes(doc: dict) -> list[tuple[str, str]]:
+    return [(e["pointer"], e["code"]) for e in doc["errors"]]
+
+
+def test_bearer_token_guards_everything_under_v1(setup):
+    server = setup[0]
+    for token in (None, "wrong"):
+        with server.client(token=token) as c:
+            for method, path in (("GET", "/health"), ("GET", "/runs"), ("POST", "/runs")):
+                r = c.request(method, path)
+                problem(r, 401, "unauthorized")
+                assert r.headers["www-authenticate"].startswith("Bearer")
+    with server.client() as c:
+        assert c.get("/health").json()["status"] == "ok"
+        rewards = c.get("/rewards").json()["rewards"]
+        assert rewards == [
+            {"id": "plurals", "description": "1 for the right plural", "mode": "persistent"}
+        ]  # never the command
+        schema = c.get("/config-schema").json()
+        grpo = schema["$defs"]["GrpoSection"]["properties"]
+        assert grpo["reward_command"]["x-retrograd-server-declared"] is True
+        assert schema["$defs"]["TrainingSection"]["properties"]["lr"]["x-retrograd-patchable"]
+
+
+def test_routes_methods_media_and_sizes(setup):
+    server, root, _, model = setup
+    with server.client() as c:
+        problem(c.get("/runs/run_nope"), 404, "not-found")
+        problem(c.get("/nothing-here"), 404, "not-found")
+        problem(c.delete("/health"), 405, "method-not-allowed")
+        problem(c.post("/runs", content="x", headers={"Content-Type": "text/plain"}), 415,
+                "unsupported-media-type")  # fmt: skip
+        big = "#" * (70 << 10)
+        problem(c.post("/runs", content=big, headers={"Content-Type": "application/toml"}), 413,
+                "payload-too-large")  # fmt: skip
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for _ in range(70):
+                yield b"#" * 1024
+
+        r = c.post("/runs", content=chunks(), headers={"Content-Type": "application/toml"})
+        problem(r, 413, "payload-too-large")
+        r = c.post("/runs", json={"recipe": {"model": str(model)}})
+        problem(r, 501, "not-implemented")
+
+
+def test_slow_request_times_out(setup):
+    server = setup[0]
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        head = (
+            "POST /v1/runs HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n{"
+        )
+        raw.sendall(head.encode())  # then nothing: the body never completes
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = raw.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert b" 504 " in status_line, answer
+    doc = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert doc["type"].endswith("/timeout") and doc["errors"] == []
+
+
+def test_invalid_documents_name_the_place_and_the_closest_key(setup):
+    server, root, _, model = setup
+    good = sft_toml(model, root / "data.txt")
+    with server.client() as c:
+        doc = problem(c.post("/runs", json={"confg": {}}), 422, "invalid-request")
+        assert doc["errors"][0] | {"message": ""} == {
+            "pointer": "/confg",
+            "code": "unknown_field",
+            "hint": "config",
+            "message": "",
+        }
+        bad = good.replace("[training]\nlr = 0.005", "[training]\nlrr = 0.005").replace(
+            "[lora]", "[lroa]"
+        )
+        doc = problem(c.post("/runs", content=bad, headers={"Content-Type": "application/toml"}),
+                      422, "invalid-request")  # fmt: skip
+        found = {e["pointer"]: e for e in doc["errors"]}
+        assert found["/training/lrr"]["code"] == "unknown_field"
+        assert found["/training/lrr"]["hint"] == "lr"
+        assert found["/lroa"]["hint"] == "lora"
+        no_run = good.replace('[run]\nalgorithm = "sft"', "")
+        r = c.post("/runs", json={"config": _toml_to_json(no_run)})
+        assert ("/config/run", "missing_field") in codes(problem(r, 422, "invalid-request"))
+        r = c.post("/runs", content="[run\n", headers={"Content-Type": "application/toml"})
+        assert codes(problem(r, 422, "invalid-request")) == [("", "unsupported_format")]
+
+
+def _toml_to_json(text: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(text)
+
+
+GRPO = """
+[run]
+algorithm = "grpo"
+[model]
+path = "{model}"
+[grpo]
+prompts = "{root}/prompts.jsonl"
+updates = 1
+prompts_per_update = 1
+group_size = 2
+grpo_epochs = 1
+clip_range_low = 0.2
+clip_range_high = 0.28
+kl_coefficient = 0.0
+[grpo.sampling]
+temperature = 1.0
+top_p = 1.0
+max_new_tokens = 4
+seed = 1
+[lora]
+rank = 2
+"""
+
+
+def test_server_declared_fields_and_catalogue_ids(setup):
+    server, root, _, model = setup
+    base = _toml_to_json(GRPO.format(model=model, root=root))
+    with server.client() as c:
+        declared = {**base, "grpo": {**base["grpo"], "reward_command": ["python3", "r.py"]}}
+        doc = problem(c.post("/runs", json={"config": declared}), 422, "server-declared")
+        assert codes(doc) == [("/config/grpo/reward_command", "server_declared")]
+        unknown = {**base, "grpo": {**base["grpo"], "reward": {"id": "plural"}}}
+        doc = problem(c.post("/runs", json={"config": unknown}), 422, "unknown-catalog-id")
+        assert codes(doc) == [("/config/grpo/reward", "unknown_catalog_id")]
+        (root / "prompts.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+        known = {**base, "grpo": {**base["grpo"], "reward": {"id": "plurals"}}}
+        r = c.post("/runs", json={"config": known}, params={"dry_run": "true"})
+        assert r.status_code == 200, r.text
+        effective = r.json()["effective_config"]["grpo"]
+        assert effective["reward_command"] == ["python3", "reward.py"]
+        assert r.json()["provenance"]["grpo.reward_command"]["source"] == "derived"
+        assert c.get("/runs").json()["runs"] == []  # a dry run creates nothing
+
+
+def test_paths_outside_the_roots_are_refused_and_redacted(setup):
+    server, root, outside, model = setup
+    good = sft_toml(model, root / "data.txt")
+    escapes = {
+        "absolute": str(outside / "secret.txt"),
+        "dotdot": f"{root}/../{outside.name}/secret.txt",
+        "symlink": str(root / "link.txt"),
+    }
+    with server.client() as c:
+        for how, data in escapes.items():
+            text = good.replace(f'data = "{root / "data.txt"}"', f'data = "{data}"')
+            r = c.post("/runs", content=text, headers={"Content-Type": "application/toml"})
+            doc = problem(r, 403, "forbidden-path")
+            assert codes(doc) == [("/sft/data", "forbidden_path")], how
+            assert str(outside) not in r.text and str(root) not in r.text, how  # redacted
+            assert "<path>" in doc["errors"][0]["message"]
+        text = good.replace("[sft]", f'[output]\npath = "{outside}/adapter.gguf"\n[sft]')
+        r = c.post("/runs", content=text, headers={"Content-Type": "application/toml"})
+        assert codes(problem(r, 403, "forbidden-path")) == [("/output/path", "forbidden_path")]
+
+
+def test_conflicts_patch_whitelist_and_idempotency(setup):
+    server, root, _, model = setup
+    text = sft_toml(model, root / "data.txt", epochs=200)
+    headers = {"Content-Type": "application/toml", "Idempotency-Key": "k1"}
+    with server.client() as c:
+        first = c.post("/runs", content=text, headers=headers)
+        assert first.status_code == 201
+        again = c.post("/runs", content=text, headers=headers)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        rid = first.json()["id"]
+        doc = problem(c.delete(f"/runs/{rid}"), 409, "conflict")  # still live
+        assert codes(doc) == [("/id", "conflict")]
+        r = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1, "epochs": 3}})
+        assert codes(problem(r, 409, "conflict")) == [("/training/epochs", "override_conflict")]
+        problem(c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1}}), 501, "not-implemented")
+        r = c.post(f"/runs/{rid}/cancel", json={"at": "now", "checkpoint": True})
+        assert codes(problem(r, 422, "invalid-request")) == [("/checkpoint", "invalid_value")]
+        assert c.post(f"/runs/{rid}/cancel", json={"at": "now"}).status_code == 202
+        end = [d for k, d in server.events(rid) if k == "terminal"]
+        assert end[0]["status"] == "cancelled"
+        problem(c.post(f"/runs/{rid}/resume"), 409, "conflict")
+
+        # a signed link downloads one artifact without the token; a forged one does not
+        link = c.post(f"/runs/{rid}/artifacts/run/link").json()
+        listed = c.get(f"/runs/{rid}/artifacts").json()["artifacts"]
+        assert all("path" not in a for a in listed)  # redacted off loopback (here: forced)
+        with server.client(token=None) as anonymous:
+            got = anonymous.get(server.url.removesuffix("/v1") + link["href"])
+            assert got.status_code == 200 and got.json()["id"] == rid
+            forged = link["href"].replace("sig=", "sig=0")
+            problem(anonymous.get(server.url.removesuffix("/v1") + forged), 401, "unauthorized")
+            problem(anonymous.get(f"/runs/{rid}/artifacts/run"), 401, "unauthorized")
+        problem(c.post(f"/runs/{rid}/artifacts/adapter/link"), 404, "not-found")  # none written
+        assert c.delete(f"/runs/{rid}").status_code == 204

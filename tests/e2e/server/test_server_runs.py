@@ -1,0 +1,213 @@
+"""retrograd-server end to end: tiny SFT runs started over HTTP, followed over SSE, paused,
+cancelled, and resumed after the server was killed; each against a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import openai
+import pytest
+
+from tests.factories.agents import CHAT_TEMPLATE
+from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.tiny_gguf import write_tiny
+
+TOML = {"Content-Type": "application/toml"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    return write_tiny(path, "llama", chat_template=CHAT_TEMPLATE)
+
+
+def start_run(client, toml: str, name: str | None = None) -> dict:
+    response = client.post(
+        "/runs", content=toml, headers=TOML, params={"name": name} if name else {}
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def follow(server, run_id, **kw) -> list[tuple[str, dict]]:
+    return list(server.events(run_id, **kw))
+
+
+def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
+    with RunServer(tmp_path / "state") as server, server.client() as c:
+        run = start_run(c, sft_toml(model, tmp_path / "data.txt"), name="first")
+        assert run["status"] in ("queued", "starting") and run["name"] == "first"
+        assert run["effective_config"]["checkpoint"]["directory"].endswith("checkpoints")
+        events = follow(server, run["id"])
+        seqs = [data["seq"] for _, data in events]
+        assert seqs == list(range(1, len(seqs) + 1))  # gapless from 1
+        kinds = [kind for kind, _ in events]
+        assert kinds[-1] == "terminal" and events[-1][1]["status"] == "completed"
+        statuses = [data["status"] for kind, data in events if kind == "status"]
+        assert statuses == ["queued", "starting", "running", "completed"]
+        progress = [data for kind, data in events if kind == "progress"]
+        assert progress[-1]["global_step"] == len(progress) and "train_loss" in progress[-1]
+        assert progress[-1]["iterations"] == 1
+
+        view = c.get(f"/runs/{run['id']}").json()
+        assert view["status"] == "completed" and view["progress"]["global_step"] == len(progress)
+        assert view["started_at"] and view["finished_at"] and view["holds_device"] is False
+        on_disk = json.loads((tmp_path / "state" / run["id"] / "run.json").read_text())
+        assert on_disk["status"] == "completed"
+        assert [t["status"] for t in on_disk["transitions"]] == statuses
+        lines = (tmp_path / "state" / run["id"] / "events.jsonl").read_text().splitlines()
+        assert [json.loads(line)["seq"] for line in lines] == seqs
+
+        # replay: `since` and Last-Event-ID (which wins) give the tail, then the stream ends
+        tail = follow(server, run["id"], since=len(seqs) - 3)
+        assert [d["seq"] for _, d in tail] == seqs[-3:]
+        tail = follow(server, run["id"], since=1, headers={"Last-Event-ID": str(len(seqs) - 1)})
+        assert [d["seq"] for _, d in tail] == seqs[-1:]
+
+        metrics = c.get(f"/runs/{run['id']}/metrics", params={"names": "train/loss"}).json()
+        assert len(metrics["metrics"]) == len(progress)
+        assert set(metrics["metrics"][0]["values"]) == {"train/loss"}
+        page = c.get(
+            f"/runs/{run['id']}/metrics", params={"since": metrics["next_since"], "limit": 5}
+        ).json()
+        assert page["metrics"] == [] and page["next_since"] == metrics["next_since"]
+
+        adapter = c.get(f"/runs/{run['id']}/artifacts/adapter")
+        assert adapter.status_code == 200 and adapter.content[:4] == b"GGUF"
+        listed = {a["name"]: a for a in c.get(f"/runs/{run['id']}/artifacts").json()["artifacts"]}
+        assert listed["adapter"]["bytes"] == len(adapter.content) and listed["events"]["present"]
+
+        # the OpenAI routes answer with the run's adapter, or its base model
+        api = openai.OpenAI(base_url=server.url, api_key="unused")
+        ids = {m.id for m in api.models.list().data}
+        assert {run["id"], f"{run['id']}@final", f"{run['id']}@base"} <= ids
+        hello = [{"role": "user", "content": "the cat"}]
+        for model_id in (f"{run['id']}@final", f"{run['id']}@base"):
+            answer = api.chat.completions.create(
+                model=model_id, messages=hello, max_tokens=4, temperature=0
+            )
+            assert answer.model == model_id and answer.usage.completion_tokens >= 1
+        with pytest.raises(openai.NotFoundError):
+            api.chat.completions.create(model=f"{run['id']}@step-999", messages=hello)
+
+        second = start_run(c, sft_toml(model, tmp_path / "data.txt"), name="second")
+        assert c.post(f"/runs/{second['id']}/cancel", json={"at": "now"}).status_code == 202
+        assert follow(server, second["id"])[-1][1]["status"] == "cancelled"
+        runs = c.get("/runs", params={"limit": 1}).json()
+        assert [r["id"] for r in runs["runs"]] == [second["id"]]  # newest first
+        older = c.get("/runs", params={"limit": 1, "cursor": runs["next_cursor"]}).json()
+        assert [r["id"] for r in older["runs"]] == [run["id"]] and "next_cursor" not in older
+        assert c.get("/runs", params={"name": "first"}).json()["runs"][0]["id"] == run["id"]
+        assert c.delete(f"/runs/{second['id']}").status_code == 204
+        assert not (tmp_path / "state" / second["id"]).exists()
+        assert c.get(f"/runs/{second['id']}").status_code == 404
+
+
+def wait_for(events, kind: str, **match):
+    for k, data in events:
+        if k == kind and all(data.get(key) == value for key, value in match.items()):
+            return data
+    raise AssertionError(f"the stream ended before a {kind} event {match}")
+
+
+def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, tmp_path):
+    toml = sft_toml(model, tmp_path / "data.txt", epochs=200)  # far longer than the test
+    with RunServer(tmp_path / "state") as server, server.client() as c:
+        run = start_run(c, toml)
+        rid = run["id"]
+        # a client that opens the stream and never reads from it
+        host, port = server.url.split("//")[1].split("/")[0].split(":")
+        slow = socket.create_connection((host, int(port)))
+        slow.sendall(f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        events = server.events(rid)
+        wait_for(events, "progress")
+        assert c.post(f"/runs/{rid}/pause").json()["status"] == "pausing"
+        wait_for(events, "status", status="paused")
+        paused = c.get(f"/runs/{rid}").json()
+        assert paused["status"] == "paused" and paused["holds_device"] is True
+        step = paused["progress"]["global_step"]
+
+        assert c.post(f"/runs/{rid}/resume").status_code == 202
+        wait_for(events, "status", status="running")
+        assert c.post(f"/runs/{rid}/checkpoints").status_code == 202
+        saved = wait_for(events, "checkpoint")
+        assert saved["global_step"] > step
+        listed = c.get(f"/runs/{rid}/checkpoints").json()
+        ours = [x for x in listed["checkpoints"] if x["global_step"] == saved["global_step"]]
+        assert ours and ours[0]["kind"] == "step" and ours[0]["complete"]
+        assert listed["latest"] == listed["checkpoints"][0]["id"]
+
+        # cancel at the next boundary, after a checkpoint
+        answer = c.post(f"/runs/{rid}/cancel", json={"at": "boundary", "checkpoint": True})
+        assert answer.status_code == 202 and answer.json()["status"] == "cancelling"
+        last = wait_for(events, "checkpoint")
+        assert last["global_step"] > saved["global_step"]
+        end = wait_for(events, "terminal")
+        assert end["status"] == "cancelled"
+        view = c.get(f"/runs/{rid}").json()
+        assert view["status"] == "cancelled" and view["holds_device"] is False
+        assert view["progress"]["global_step"] < 200  # it stopped long before its end
+        slow.close()
+
+        # a cancelled run cannot be paused (conflict); a queued run cancelled never starts
+        assert c.post(f"/runs/{rid}/pause").json()["type"].endswith("/conflict")
+
+
+def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, tmp_path):
+    extra = f'[checkpoint]\ndirectory = "{tmp_path / "ck"}"\nmode = "steps"\nevery_steps = 3'
+    toml = sft_toml(model, tmp_path / "data.txt", epochs=1, extra=extra)
+    server = RunServer(tmp_path / "state").start()
+    try:
+        with server.client() as c:
+            rid = start_run(c, toml)["id"]
+        events = server.events(rid)
+        wait_for(events, "checkpoint")
+        server.kill()  # a crash: no shutdown, the run's process loses its server
+
+        server.start()
+        with server.client() as c:
+            view = c.get(f"/runs/{rid}").json()
+            assert view["status"] == "interrupted" and view["holds_device"] is False
+            seen = statuses_on_disk(server, rid)
+            assert seen[-1] == ("status", "interrupted")
+            assert c.post(f"/runs/{rid}/resume").status_code == 202
+            done = list(server.events(rid, since=0))
+        kinds = [(k, d.get("status")) for k, d in done]
+        assert kinds[-1] == ("terminal", "completed")
+        seqs = [d["seq"] for _, d in done]
+        assert seqs == list(range(1, len(seqs) + 1))  # one journal across the restart
+        at = next(
+            i for i, (k, d) in enumerate(done) if k == "log" and "resumed from" in d["message"]
+        )
+        step = int(done[at][1]["message"].rsplit(" ", 1)[1])  # "... at step N"
+        saved = [d["global_step"] for k, d in done[:at] if k == "checkpoint"]
+        assert step >= saved[0]  # its latest checkpoint (one written just before the kill counts)
+        after = next(d for k, d in done[at:] if k == "progress")
+        assert after["global_step"] == step + 1  # it went on from there, not from the start
+        assert (tmp_path / "state" / rid / "output" / "adapter.gguf").exists()
+    finally:
+        server.stop()
+
+
+def statuses_on_disk(server, rid) -> list[tuple[str, str]]:
+    """The statuses in a run's journal on disk."""
+    lines = (server.state / rid / "events.jsonl").read_text().splitlines()
+    return [(e["type"], e.get("status")) for e in map(json.loads, lines) if e["type"] == "status"]
+
+
+def test_shutdown_asks_live_runs_to_checkpoint_and_stop(model, tmp_path):
+    toml = sft_toml(model, tmp_path / "data.txt", epochs=200)
+    server = RunServer(tmp_path / "state").start()
+    with server.client() as c:
+        rid = start_run(c, toml)["id"]
+    events = server.events(rid)
+    wait_for(events, "progress")
+    events.close()
+    server.stop()  # SIGTERM: the run checkpoints at its next boundary and stops
+    record = json.loads((tmp_path / "state" / rid / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    lines = (tmp_path / "state" / rid / "events.jsonl").read_text().splitlines()
+    journal = [json.loads(line) for line in lines]
+    assert journal[-2]["type"] == "checkpoint"
+    assert (journal[-1]["type"], journal[-1]["status"]) == ("status", "interrupted")

@@ -1,0 +1,85 @@
+"""A client's run document made into a run: declared fields, catalogue ids, folders, paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrograd.server.config import load_server_config
+from retrograd.server.documents import prepare
+from retrograd.server.problems import Problem
+
+GRPO = {
+    "run": {"algorithm": "grpo"},
+    "model": {"path": "m.gguf"},
+    "lora": {"rank": 2},
+    "grpo": {
+        "prompts": "p.jsonl",
+        "updates": 1,
+        "prompts_per_update": 1,
+        "group_size": 2,
+        "grpo_epochs": 1,
+        "clip_range_low": 0.2,
+        "clip_range_high": 0.28,
+        "kl_coefficient": 0.0,
+        "judge_weight": 0.5,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 1},
+        "reward": {"id": "plurals"},
+        "judge": {"id": "gemma"},
+    },
+}
+CATALOGUE = """
+[[reward]]
+id = "plurals"
+command = ["python3", "reward.py"]
+timeout_seconds = 12
+[[judge]]
+id = "gemma"
+type = "ruler"
+base_url = "http://127.0.0.1:8080/v1"
+model = "gemma"
+"""
+
+
+def server(tmp_path, extra: str = ""):
+    path = tmp_path / "server.toml"
+    path.write_text(extra + CATALOGUE)
+    return load_server_config(path, environ={})
+
+
+def test_catalogue_ids_are_filled_in_and_run_folders_added(tmp_path):
+    prepared = prepare(GRPO, {"grpo": {"updates": 3}}, server(tmp_path), tmp_path / "run_1")
+    g = prepared.config.grpo
+    assert g.reward_command == ["python3", "reward.py"] and g.reward_timeout_seconds == 12
+    assert g.judge.type == "ruler" and g.judge.model == "gemma" and g.updates == 3
+    assert prepared.config.output.path == tmp_path / "run_1" / "output" / "adapter.gguf"
+    assert prepared.config.checkpoint.directory == tmp_path / "run_1" / "checkpoints"
+    assert prepared.provenance["grpo.updates"]["source"] == "override"
+    assert prepared.provenance["checkpoint.every_steps"]["source"] == "derived"
+    assert prepared.config.model.path == prepared.base_dir / "m.gguf"
+
+
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("grpo", "judge", {"type": "command", "command": ["judge"]}),
+        ("agent", "mcp_servers", [{"name": "x", "command": ["x"]}]),
+        ("agent", "collect_api", {"base_url": "http://x", "model": "m", "api_key_env": "K"}),
+    ],
+)
+def test_server_declared_fields_are_refused(tmp_path, section, key, value):
+    document = {**GRPO, section: {**GRPO.get(section, {}), key: value}}
+    with pytest.raises(Problem) as caught:
+        prepare(document, None, server(tmp_path), tmp_path / "run_1")
+    assert caught.value.kind == "server-declared"
+    assert [(e.pointer, e.code) for e in caught.value.errors] == [
+        (f"/config/{section}/{key}", "server_declared")
+    ]
+
+
+def test_no_local_paths_when_the_server_takes_none(tmp_path):
+    config = server(tmp_path, "allow_local_paths = false\n")
+    with pytest.raises(Problem) as caught:
+        prepare(GRPO, None, config, tmp_path / "run_1")
+    assert caught.value.kind == "forbidden-path"
+    found = {e.pointer: e.code for e in caught.value.errors}
+    assert found == {"/config/model/path": "needs_opt_in", "/config/grpo/prompts": "needs_opt_in"}
