@@ -217,6 +217,11 @@ class Sinks:
         if self.metrics is not None:
             self.metrics.fail(message)
 
+    def checkpoint_requested(self) -> bool:
+        """Whether a checkpoint is wanted at this boundary though none is due (the run
+        server's sinks say so when a client asks for one)."""
+        return False
+
 
 def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs (base
@@ -438,9 +443,11 @@ def checkpoint_due(cfg, before: int, after: int) -> bool:
 def maybe_checkpoint(
     cfg, run, mark: Mark, named, optimizer, plan, patience, total, sinks, before=None
 ) -> None:
-    """A `steps` checkpoint when one is due at mark.global_step (or anywhere after `before`)."""
+    """A `steps` checkpoint when one is due at mark.global_step (or anywhere after `before`),
+    or when the sinks ask for one."""
     before = mark.global_step - 1 if before is None else before
-    if not checkpoint_due(cfg, before, mark.global_step):
+    requested = cfg.checkpoint is not None and sinks.checkpoint_requested()
+    if not (checkpoint_due(cfg, before, mark.global_step) or requested):
         return
     path = save_checkpoint(
         cfg.checkpoint.directory,
