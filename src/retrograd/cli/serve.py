@@ -16,13 +16,13 @@ Example:
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import socket
 import sys
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError
 from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
+from retrograd.server.config import is_loopback
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,15 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
     from retrograd.serve.weights import load_for_generation, resolve_adapter
@@ -82,13 +73,15 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise ConfigError(f"--max-queue {args.max_queue}: must be at least 0")
     adapter = resolve_adapter(cfg, args.adapter, args.checkpoint, args.base_only)
-    sock = _bind(args.host, args.port)  # a taken port fails before the model loads
+    sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     loaded = load_for_generation(cfg, adapter, args.ctx, args.device)
     name = args.model_name or (adapter.name if adapter else loaded.model.gguf.path.name)
     return serve(loaded, name, sock, args.api_key, args.max_sequences, args.max_queue)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, where: str | None = None) -> socket.socket:
+    """A listening socket on host:port (0: any free port); ConfigError naming `where` (the
+    flags by default) when the address cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -96,7 +89,8 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ConfigError(f"--host {host} --port {port}: cannot bind: {e.strerror}") from None
+        where = where or f"--host {host} --port {port}"
+        raise ConfigError(f"{where}: cannot bind: {e.strerror}") from None
     sock.listen(128)
     return sock
 

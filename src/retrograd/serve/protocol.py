@@ -22,34 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrograd.errors import DataError
 from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
+from retrograd.serve.errors import ApiError, model_entry  # noqa: F401 - re-exported
 from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
 
 MAX_DEPTH = 64  # nesting of JSON arrays and objects a body may have
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
-
-    def body(self) -> dict:
-        kind = {401: "authentication_error", 404: "not_found_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error"
-        )
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
 
 
 class ChatRequest(BaseModel):
@@ -348,7 +325,3 @@ def message_delta(message: dict) -> dict:
 
 def usage_chunk(base: dict, usage: dict) -> dict:
     return base | {"choices": [], "usage": usage}
-
-
-def model_entry(name: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "retrograd"}

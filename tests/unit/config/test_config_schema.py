@@ -108,4 +108,3 @@ def test_config_schema_help_and_output_file(tmp_path):
     with pytest.raises(SystemExit) as caught:
         main(["config-schema", "--help"])
     assert caught.value.code == 0
-    assert main([]) == 2
