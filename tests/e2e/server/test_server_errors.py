@@ -217,12 +217,31 @@ def test_conflicts_patch_whitelist_and_idempotency(setup):
     server, root, _, model = setup
     text = sft_toml(model, root / "data.txt", epochs=200)
     headers = {"Content-Type": "application/toml", "Idempotency-Key": "k1"}
-    with server.client() as c:
-        first = c.post("/runs", content=text, headers=headers)
-        assert first.status_code == 201
+    with server.client() as c, server.client() as watcher:
+        with watcher.stream("GET", "/events") as merged:  # every run's live events
+            first = c.post("/runs", content=text, headers=headers)
+            assert first.status_code == 201
+            rid = first.json()["id"]
+            lines = merged.iter_lines()
+            data = next(json.loads(x[6:]) for x in lines if x.startswith("data: "))
+            assert (data["run"], data["type"], data["status"]) == (rid, "status", "queued")
         again = c.post("/runs", content=text, headers=headers)
-        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
-        rid = first.json()["id"]
+        assert again.status_code == 200 and again.json()["id"] == rid
+
+        # max_concurrent_runs = 1: a second run waits in the queue; cancelled there, it never starts
+        queued = c.post("/runs", content=text, headers={"Content-Type": "application/toml"}).json()
+        assert (queued["status"], queued["queue_position"]) == ("queued", 1)
+        assert c.get(f"/runs/{rid}").json()["holds_device"] is True
+        assert c.post(f"/runs/{queued['id']}/cancel", json={}).status_code == 202
+        view = c.get(f"/runs/{queued['id']}").json()
+        assert (view["status"], view["started_at"], view["queue_position"]) == (
+            "cancelled",
+            None,
+            None,
+        )
+        capabilities = c.get("/capabilities").json()
+        assert capabilities["features"]["max_concurrent_runs"] == 1
+        assert capabilities["features"]["auth"] is True
         doc = problem(c.delete(f"/runs/{rid}"), 409, "conflict")  # still live
         assert codes(doc) == [("/id", "conflict")]
         r = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1, "epochs": 3}})
