@@ -129,7 +129,7 @@ def force(monkeypatch, script) -> list:
     list the training groups' samples are added to."""
     made, seen = [], []
 
-    def sampler(decoder, tokenizer, fast, max_len):
+    def sampler(decoder, tokenizer, **settings):
         made.append(
             Scripted(decoder, tokenizer, lambda seed, turn: script(seed, turn, made[0].target))
         )
@@ -350,7 +350,7 @@ def test_collect_keeps_verified_traces_that_sft_and_preference_read(
             return "no idea" if turn == 0 else "done"
         return call("write_file", path="answer.txt", content=str(i))
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
     run = write_run(tmp_path, chat_model, {"group_size": 4})
     out, report = tmp_path / "traces.jsonl", tmp_path / "report.json"
     assert main(["collect", str(run), "--out", str(out), "--report", str(report)]) == 0
@@ -391,7 +391,7 @@ def test_an_http_environment_with_step_rewards_and_an_mcp_server_trains(
             return [call("add", by=3), "done"][turn]
         return [call("calc__add", a=1, b=2), call("add", by=1), call("add", by=1), "stop"][turn]
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
     seen = []
     real = agent_grpo.drop_and_advantage
 
@@ -498,7 +498,7 @@ def test_the_reference_default_micro_batch_gives_the_whole_context_update(
 
     from tests.factories.agent_train import script
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, fast, max_len: Scripted(d, t, script))
+    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
     adapters, losses = [], []
     for micro in (None, 128):
         tmp = tmp_path / str(micro)

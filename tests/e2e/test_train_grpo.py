@@ -144,6 +144,37 @@ def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
     assert gap and all(0 <= v < 1e-4 for v in gap.values()), gap
 
 
+def test_a_small_generation_batch_trains_what_the_default_trains(chat_model, tmp_path, monkeypatch):
+    """[training].generation_batch = 2 (each prompt prefilled two positions a pass) with exact
+    sampling: the answers of the derived default (64 here: ctx, the tiny vocabulary's logits
+    being far below 64 MiB), so the same rewards and the same adapter, byte for byte."""
+    from retrograd.algorithms.grpo import run_grpo
+    from retrograd.sampling import Sampler
+
+    batches = []
+    real = Sampler.prefill
+    monkeypatch.setattr(
+        Sampler,
+        "prefill",
+        lambda self, prompts, capacity: (
+            batches.append(self.generation_batch) or real(self, prompts, capacity)
+        ),
+    )
+    rewards, adapters, used = [], [], []
+    for name, batch in (("default", None), ("small", 2)):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        training = {"generation_batch": batch, "fast_sampling_context": False}
+        run = write_run(tmp, chat_model, {"updates": 2}, training=training)
+        batches.clear()
+        rewards.append(run_grpo(load_run(run), run_file=run, sinks=sinks()).rewards)
+        used.append(set(batches))
+        adapters.append((tmp / "out" / "adapter.gguf").read_bytes())
+    assert used == [{64}, {2}]
+    assert rewards[0] == rewards[1]
+    assert adapters[0] == adapters[1]
+
+
 def test_rescoring_is_the_same_with_and_without_grad(tiny_model):
     import retrograd
     from retrograd.model.logprobs import sequence_logprobs

@@ -18,7 +18,8 @@ def script(seed: int, turn: int) -> str:
     return "eeee" if seed % 2 == 0 else "abcd"
 
 
-def scripted_sampler(decoder, tokenizer, fast, max_len):
+def scripted_sampler(decoder, tokenizer, **settings):
+    """agent_grpo's Sampler(decoder, tokenizer, fast=, max_len=, generation_batch=), scripted."""
     return Scripted(decoder, tokenizer, script)
 
 

@@ -174,9 +174,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
     )
     rate, steps = tr.rate, total_steps(cfg)
     reference = context.reference(cfg, model, adapters)
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
-    )
+    sampler = _sampler(cfg, model)
     limits = Limits.of(a, training.ctx)
     roller = AgentRoller(
         sampler,
@@ -347,6 +345,20 @@ def _seeds(cfg, update: int, cursor: int, k: int) -> list[int]:
     return [derive_seed(cfg.agent.seed, SAMPLE, update, cursor, j) for j in range(k)]
 
 
+def _sampler(cfg, model) -> Sampler:
+    """The run's sampler, its prompts prefilled in passes of the generation batch, derived from
+    the concurrency of an update's waves (every trajectory of it, up to 256) when not set."""
+    t, a = cfg.training, cfg.agent
+    concurrency = t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
+    return Sampler(
+        model.decoder,
+        model.tokenizer,
+        fast=t.fast_sampling_context,
+        max_len=t.ctx,
+        generation_batch=context.generation_batch(t, model.config.n_vocab, concurrency),
+    )
+
+
 def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]]):
     """Groups rolled in waves of at most generation_concurrency trajectories (whole groups)."""
     t = cfg.training
@@ -498,12 +510,7 @@ def collect_groups(
         if cfg.lora is not None and cfg.lora.init_adapter:
             plan_of(model.decoder, cfg.lora, init_adapter=cfg.lora.init_adapter)
         chat = context.chat_format(model, a.template_variables)
-        sampler = Sampler(
-            model.decoder,
-            model.tokenizer,
-            fast=cfg.training.fast_sampling_context,
-            max_len=cfg.training.ctx,
-        )
+        sampler = _sampler(cfg, model)
         roller = AgentRoller(
             sampler,
             chat,

@@ -139,21 +139,47 @@ def preflight_check(model: Model, training, console=None) -> None:
 
 
 def check_rollout_keys(training, algorithm: str) -> None:
-    """[training] values the rollout loops (grpo, on-policy distill) cannot honour yet, refused
-    before anything loads, naming the key (docs/configuration.md, "At run time")."""
+    """[training] values the rollout loops (ppo, grpo, on-policy distill, agent_grpo) cannot
+    honour yet, refused before anything loads, naming the key (docs/configuration.md, "At run
+    time")."""
     from retrograd.errors import ConfigError
 
-    if training.is_set("generation_batch"):
-        raise ConfigError(
-            f"[training].generation_batch = {training.generation_batch}: not available in this "
-            f"version ({algorithm} prefills prompts in chunks of 512 tokens); leave it out"
-        )
     if training.shared_prefix_fanout not in ("auto", "off"):
         raise ConfigError(
             f"[training].shared_prefix_fanout = {training.shared_prefix_fanout!r}: not "
             f"available in this version ({algorithm} packs as many answers of a group as fit "
             "micro_batch; use auto or off)"
         )
+
+
+LOGITS_BUDGET = 64 << 20  # bytes of output logits a generation batch may hold (formats.md §8.1)
+
+
+def generation_batch(training, n_vocab: int, concurrency: int) -> int:
+    """[training].generation_batch, or the reference's default (formats.md §8.1): the largest
+    batch whose output logits (n_vocab float32 a row) fit LOGITS_BUDGET, capped by ctx and
+    the engine's prefill chunk (512), then raised to the run's generation concurrency. The
+    sampler prefills each prompt in passes of that many positions."""
+    from retrograd.sampling.engine import PREFILL_CHUNK
+
+    if training.generation_batch is not None:
+        return training.generation_batch
+    rows = LOGITS_BUDGET // (4 * n_vocab)
+    return max(min(rows, training.ctx, PREFILL_CHUNK), concurrency)
+
+
+def sampler(model: Model, training, concurrency: int):
+    """The run's sampler: [training].fast_sampling_context, answers within ctx, prompts
+    prefilled in passes of its generation batch (`generation_batch`)."""
+    from retrograd.sampling import Sampler
+
+    return Sampler(
+        model.decoder,
+        model.tokenizer,
+        fast=training.fast_sampling_context,
+        max_len=training.ctx,
+        generation_batch=generation_batch(training, model.config.n_vocab, concurrency),
+    )
 
 
 def check_same_tokenizer(model: Model, other: Model, where: str) -> None:

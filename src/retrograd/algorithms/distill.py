@@ -43,7 +43,6 @@ from retrograd.optim import lr_at
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
-from retrograd.sampling import Sampler
 from retrograd.sampling.params import SampleRequest, SamplingParams
 from retrograd.seeds import derive_seed
 
@@ -118,9 +117,7 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     )
     rate, steps = tr.rate, d.updates * d.distill_epochs
     reference = context.reference(cfg, model, adapters) if d.kl_coefficient > 0 else None
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
-    )
+    sampler = context.sampler(model, training, _concurrency(cfg))
     stream = PromptStream(prompts, d.prompt_order, d.sampling.seed)
     settings = {
         "distill": d.model_dump(mode="json", exclude=_NOT_TRAJECTORY),

@@ -108,6 +108,13 @@ def total_steps(cfg) -> int:
     return cfg.grpo.updates * cfg.grpo.grpo_epochs
 
 
+def concurrency(cfg) -> int:
+    """The reference's default concurrency: min(answers of an update, the optimizer window,
+    256), the window being ctx for rollouts (gradient_accumulation = ctx / micro_batch)."""
+    g, t = cfg.grpo, cfg.training
+    return t.generation_concurrency or min(g.prompts_per_update * g.group_size, t.ctx, 256)
+
+
 def check_available(cfg) -> None:
     """Values the configuration reference allows that this loop cannot honour yet: refused
     before anything loads, naming the key (docs/configuration.md, "At run time")."""
@@ -119,7 +126,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     g, training = cfg.grpo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
     check_available(cfg)
-    b = rollout_run.build(cfg, g.prompts, "[grpo].prompts", sinks, run_file)
+    b = rollout_run.build(cfg, g.prompts, "[grpo].prompts", sinks, run_file, concurrency(cfg))
     model, named, optimizer, plan, adapters = b.model, b.named, b.optimizer, b.plan, b.adapters
     params, rate, steps, sampler, held = b.params, b.rate, total_steps(cfg), b.sampler, b.held
     reference = context.reference(cfg, model, adapters)
@@ -262,10 +269,6 @@ def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor
         batch = stream.draw(cursor, n)
         cursor, drawn = cursor + n, drawn + n
         t0 = time.perf_counter()
-        # the reference's default concurrency: min(answers of an update, the optimizer window,
-        # 256), the window being ctx for rollouts (gradient_accumulation = ctx / micro_batch)
-        t = cfg.training
-        concurrency = t.generation_concurrency or min(want * g.group_size, t.ctx, 256)
         groups = sample_groups(
             sampler,
             batch,
@@ -273,7 +276,7 @@ def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor
             len(kept) + len(dropped),
             size=g.group_size,
             sampling=g.sampling,
-            concurrency=concurrency,
+            concurrency=concurrency(cfg),
         )
         t1 = time.perf_counter()
         judging = _reward(cfg, program, judge, groups)

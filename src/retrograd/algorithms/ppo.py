@@ -81,12 +81,18 @@ def total_steps(cfg) -> int:
     return cfg.ppo.updates * cfg.ppo.ppo_epochs
 
 
+def _concurrency(cfg) -> int:
+    """The reference's default: min(answers of an update, the optimizer window (ctx), 256)."""
+    t = cfg.training
+    return t.generation_concurrency or min(cfg.ppo.rollout_batch_size, t.ctx, 256)
+
+
 def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
     started = time.perf_counter()
     p, training = cfg.ppo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
     context.check_rollout_keys(training, "ppo")
-    b = rollout_run.build(cfg, p.prompts, "[ppo].prompts", sinks, run_file)
+    b = rollout_run.build(cfg, p.prompts, "[ppo].prompts", sinks, run_file, _concurrency(cfg))
     model, named, optimizer, plan = b.model, b.named, b.optimizer, b.plan
     steps = total_steps(cfg)
     critic = ValueHead(model.config.n_embd, p.critic.value_lr) if p.critic.enabled else None
@@ -126,11 +132,15 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
         for update in range(pos.update + 1, p.updates + 1):
             t0 = time.perf_counter()
             # 3a. sample: one answer to each of the next rollout_batch_size prompts
-            t = cfg.training
-            concurrency = t.generation_concurrency or min(p.rollout_batch_size, t.ctx, 256)
             batch = stream.draw(pos.cursor, p.rollout_batch_size)
             groups = sample_groups(
-                b.sampler, batch, update, 0, size=1, sampling=p.sampling, concurrency=concurrency
+                b.sampler,
+                batch,
+                update,
+                0,
+                size=1,
+                sampling=p.sampling,
+                concurrency=_concurrency(cfg),
             )
             answers = [g.members[0] for g in groups]
             t1 = time.perf_counter()

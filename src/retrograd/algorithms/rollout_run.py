@@ -56,10 +56,11 @@ class Built:
         }
 
 
-def build(cfg, prompts_path, where: str, sinks, run_file) -> Built:
+def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> Built:
     """Everything that can be checked is checked before the model loads; then the model, the
-    rendered prompts, the plan (any trainable mode), the optimizer and the sampler. `where` names the prompts
-    key in errors ("[ppo].prompts")."""
+    rendered prompts, the plan (any trainable mode), the optimizer and the sampler. `where`
+    names the prompts key in errors ("[ppo].prompts"); `concurrency`, the loop's answers
+    generated at once, raises the derived generation batch (context.generation_batch)."""
     training = cfg.training
     outputs.check_outputs(cfg, run_file)
     prompt_file = read_prompts(prompts_path, where)
@@ -71,9 +72,7 @@ def build(cfg, prompts_path, where: str, sinks, run_file) -> Built:
     prompts = render_prompts(prompt_file, chat, training.ctx)
     held = render_prompts(held_file, chat, training.ctx) if held_file else None
     tr = context.trainables(model, cfg)  # any [training].trainable mode
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=training.fast_sampling_context, max_len=training.ctx
-    )
+    sampler = context.sampler(model, training, concurrency)
     return Built(
         model, prompt_file, held_file, prompts, held, tr.plan, tr.adapters, tr.named, tr.params,
         tr.optimizer, tr.rate, sampler, tr.trained,

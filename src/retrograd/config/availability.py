@@ -108,8 +108,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; with ppo, grpo, on-policy distill and agent_grpo `train` refuses it (not "
-        "available in this version: prompts prefill in chunks of 512 tokens)",
+        "refused for sft; honoured by ppo, grpo, on-policy distill and agent_grpo: prompt "
+        "positions per prefill pass",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,

@@ -78,7 +78,10 @@ class TrainingSection(Section):
         ge=1,
     )
     generation_batch: int | None = optional_key(
-        "Sequences per generation batch. Derived when left out.", ge=1
+        "Generation batch size: prompt positions per prefill pass (grpo, ppo, agent_grpo, "
+        "distill). Derived when left out: the largest keeping the output logits within 64 MiB, "
+        "at most ctx and 512, at least generation_concurrency.",
+        ge=1,
     )
     shared_prefix_fanout: Fanout = key(
         "auto",

@@ -9,6 +9,10 @@ string or its token budget; a finished row leaves the batch at once. The decode 
 `batch.LiveBatch`, which `retrograd serve` also drives with requests joining mid-way; the
 Sampler owns the pieces it calls: rows of a request, prefill, the choice of tokens.
 
+`generation_batch` ([training].generation_batch): prompt tokens per prefill pass, each prompt's
+prefill computed in chunks of that many positions, the later ones reading the earlier ones'
+keys and values from the cache; decoding is not cut (one token a row a pass).
+
 `fast = True` (fast_sampling_context): a 16-bit KV cache and the fused attention kernel.
 `fast = False`: a float32 cache and the plain attention path training uses. Environment:
 RETRO_DEVICE_SAMPLING=0 samples on the host, RETRO_DEVICE_LOGPROBS=0 computes log-probs on
@@ -43,7 +47,7 @@ from retrograd.sampling.select import (
 )
 from retrograd.sampling.stops import AnswerText
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill pass
+PREFILL_CHUNK = 512  # prompt tokens per prefill pass unless generation_batch says otherwise
 GREEDY_BELOW = 1e-5  # temperatures below this are greedy (as vLLM's sampler does)
 
 
@@ -62,9 +66,14 @@ class Sampler:
         device_sampling: bool | None = None,
         device_logprobs: bool | None = None,
         fast_top_p: bool | None = None,
+        generation_batch: int = PREFILL_CHUNK,
     ):
-        """max_len: the context (prompt plus answer) an answer may fill; None = no limit."""
+        """max_len: the context (prompt plus answer) an answer may fill; None = no limit.
+        generation_batch: prompt positions per prefill pass (at least 1)."""
+        if generation_batch < 1:
+            raise ValueError(f"generation_batch = {generation_batch}: must be at least 1")
         self.decoder = decoder
+        self.generation_batch = generation_batch
         self.tokenizer = tokenizer
         self.fast = fast
         self.max_len = max_len
@@ -175,8 +184,9 @@ class Sampler:
         positions = (slots[None, :width] - pad[:, None]).clamp_min(0)  # (P, width)
         padded = bool(pad.any())
         cache = KVCache.empty(dec.cfg, P, capacity, self.kv_dtype, dev)
-        for c in range(0, width, PREFILL_CHUNK):
-            e = min(c + PREFILL_CHUNK, width)
+        chunk = self.generation_batch
+        for c in range(0, width, chunk):
+            e = min(c + chunk, width)
             h = dec(
                 ids[:, c:e],
                 start=c,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from retrograd.model.kv_cache import KVCache, select_states
-from retrograd.sampling.engine import GREEDY_BELOW, PREFILL_CHUNK
+from retrograd.sampling.engine import GREEDY_BELOW
 from retrograd.sampling.params import Completion
 from retrograd.sampling.rows import Row, advance, completion
 from retrograd.sampling.stops import AnswerText
@@ -142,8 +142,9 @@ class TurnDecoder:
         positions = (slots[None, W - w : W] - first[:, None]).clamp_min(0)  # (B, w)
         cache = KVCache(k, v)
         self.prefilled += len(threads) * w
-        for c in range(0, w, PREFILL_CHUNK):
-            e = min(c + PREFILL_CHUNK, w)
+        chunk = self.sampler.generation_batch
+        for c in range(0, w, chunk):
+            e = min(c + chunk, w)
             start = W - w + c
             h = dec(
                 ids[:, c:e],

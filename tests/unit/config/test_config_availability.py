@@ -301,10 +301,6 @@ def test_sft_trains_every_mode():
 
 
 GRPO_UNAVAILABLE = {
-    "generation_batch": (
-        {"training": {"generation_batch": 8}},
-        "[training].generation_batch = 8: not available in this version",
-    ),
     "fanout max": (
         {"training": {"shared_prefix_fanout": "max"}},
         "[training].shared_prefix_fanout = 'max': not available in this version",

@@ -548,6 +548,38 @@ CASES = [
         "run.toml: [training].generation_concurrency = 4: read only by runs that generate",
     ),
     (
+        "generation batch at least 1",
+        run_doc("grpo", training={"generation_batch": 1}),
+        run_doc("grpo", training={"generation_batch": 0}),
+        "run.toml: [training].generation_batch = 0: must be at least 1",
+    ),
+    (
+        "generation batch only for runs that generate: preference",
+        run_doc("ppo", training={"generation_batch": 4}),
+        run_doc("preference", training={"generation_batch": 4}),
+        "run.toml: [training].generation_batch = 4: read only by runs that generate; "
+        "preference does not",
+    ),
+    (
+        "generation batch only for runs that generate: offline distillation",
+        run_doc("distill", training={"generation_batch": 4}),
+        run_doc(
+            "distill",
+            training={"generation_batch": 4},
+            distill={
+                "mode": "topk_offline",
+                "data": "c.jsonl",
+                "sidecar": "c.topk",
+                "prompts": None,
+                "updates": None,
+                "prompts_per_update": None,
+                "sampling": None,
+            },
+        ),
+        "run.toml: [training].generation_batch = 4: read only by runs that generate; "
+        "distill does not",
+    ),
+    (
         "max_examples only for rollouts",
         run_doc("grpo", evaluation={"data": "e", "max_examples": 4}),
         run_doc("sft", evaluation={"data": "e", "max_examples": 4}),

@@ -114,6 +114,34 @@ def test_a_group_prefills_its_prompt_once(models, monkeypatch):
     assert len({c.ids for c in group}) > 1
 
 
+@pytest.mark.parametrize("name", ["gemma3", "llama3", "lfm2"])
+def test_a_small_generation_batch_samples_what_the_default_samples(models, name, monkeypatch):
+    """generation_batch = 3: left-padded prompts of 3 to 23 tokens prefilled three positions a
+    pass, each pass reading the keys and values (or, lfm2, the convolution states) of the ones
+    before, gemma3's window of 8 crossed; the answers are the default's, token for token."""
+    m = models(name)
+    long = PROMPT + list(range(20, 34))  # 23 tokens
+    asked = [
+        req(long, n=2, temperature=1.0, seed=4),
+        req(SHORT, temperature=0.8, top_p=0.9, seed=9),
+        req(PROMPT, temperature=0),
+    ]
+    default = Sampler(m.decoder, m.tokenizer, fast=False).generate(asked)
+    shapes = []
+    real = m.decoder.forward
+    monkeypatch.setattr(
+        m.decoder, "forward", lambda ids, **kw: shapes.append(tuple(ids.shape)) or real(ids, **kw)
+    )
+    small = Sampler(m.decoder, m.tokenizer, fast=False, generation_batch=3).generate(asked)
+    assert shapes[:8] == [(3, 3)] * 7 + [(3, 2)]  # the three prompts, 23 positions
+    for a, b in zip(default, small, strict=True):
+        assert [c.ids for c in a] == [c.ids for c in b]
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=1e-4
+            )
+
+
 def test_stops_end_of_generation_ids_and_strings(models):
     m = models("llama")
     s = Sampler(m.decoder, m.tokenizer, fast=False)

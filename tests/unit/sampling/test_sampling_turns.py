@@ -59,6 +59,25 @@ def test_kept_keys_and_values_sample_what_a_fresh_prefill_samples(models, name, 
     assert dec0.prefilled >= len(OPENING) and dec.reused + dec.prefilled >= len(OPENING)
 
 
+@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+def test_a_small_generation_batch_samples_what_the_default_samples(models, name):
+    """generation_batch = 2: every turn's prefill (the opening, then the kept threads' new
+    tokens, or lfm2's whole sequences) in passes of two positions; the same turns."""
+    m = models(name)
+    budgets = [[6, 3, 9], [4, 8, 2], [7, 1, 5]]
+    default, _, threads = run_turns(Sampler(m.decoder, m.tokenizer, fast=False), True, 0.9, budgets)
+    small = Sampler(m.decoder, m.tokenizer, fast=False, generation_batch=2)
+    cut, dec, threads2 = run_turns(small, True, 0.9, budgets)
+    assert [[c.ids for c in a] for a in default] == [[c.ids for c in b] for b in cut]
+    for a, b in zip(default, cut, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=1e-4
+            )
+    assert [t.seq for t in threads] == [t.seq for t in threads2]
+    assert dec.prefilled > 0
+
+
 def test_a_recurrent_family_prefills_whole_sequences_and_samples_the_same(models):
     """lfm2 keeps convolution states, which cannot recompute tokens as kept keys do: every
     turn prefills whole sequences, whatever the prefix-cache setting."""
