@@ -7,7 +7,8 @@ the algorithm's loop with `ServerSinks`. What the loop reports goes to the serve
 on the process's original stdout (fd 1 is pointed at stderr, so that nothing else can write
 there); the server's commands arrive as JSON lines on stdin and are acted on at the loop's next
 progress callback (the boundary: after an optimizer step): pause, resume, cancel (with or without
-a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted). When stdin closes
+a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), generate (an answer
+from the weights as they are, sent back under the request's id; a paused run answers too). When stdin closes
 the server is gone and the process ends at once. The server never reads this module's memory.
 """
 
@@ -86,6 +87,8 @@ class ServerSinks(Sinks):
     def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
         super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
         self.iterations = iterations
+        self.live = LiveModel(cfg, model, plan)
+        self.position = {"iteration": 0, "global_step": kwargs.get("initial_step", 0)}
         self.channel.send("started", iterations=iterations, total_steps=total_steps)
 
     def resumed(self, source: str, global_step: int) -> None:
@@ -106,6 +109,7 @@ class ServerSinks(Sinks):
             "tokens_per_second": tokens / seconds if seconds > 0 else None,
         }
         progress = {k: v for k, v in progress.items() if v is not None}
+        self.position = {"iteration": iteration, "global_step": global_step}
         self.channel.send("progress", **progress)
         self.channel.send("metrics", iteration=iteration, global_step=global_step, values=values)
         self._obey(self.channel.take())
@@ -124,6 +128,17 @@ class ServerSinks(Sinks):
                     raise Stop(outcome)
             elif op == "pause":
                 self._pause()
+            elif op == "generate":
+                self._answer(command)
+
+    def _answer(self, command: dict[str, Any]) -> None:
+        """A generation with the weights as they are at this boundary, sent back by its id."""
+        try:
+            body = {**self.position, **self.live.generate(command["request"])}
+            self.channel.send("answer", request_id=command["request_id"], body=body)
+        except Exception as error:  # the request's failure, not the run's
+            message = f"{type(error).__name__}: {error}"
+            self.channel.send("answer", request_id=command["request_id"], error=message)
 
     def _pause(self) -> None:
         """Wait at this boundary (the device stays held) until resume, cancel or stop; a
@@ -131,6 +146,8 @@ class ServerSinks(Sinks):
         self.channel.send("paused")
         while True:
             later = self.channel.wait()
+            for command in [c for c in later if c.get("op") == "generate"]:
+                self._answer(command)  # a paused run still answers with its weights
             ops = {c.get("op") for c in later}
             if ops & {"resume", "cancel", "stop"}:
                 self.channel.send("resumed")
@@ -166,6 +183,51 @@ class ServerSinks(Sinks):
     def warn(self, message: str) -> None:
         super().warn(message)
         self.channel.send("log", message=f"warning: {message}")
+
+
+class LiveModel:
+    """Generation with the training model itself, between two steps: the adapter's current
+    weights, and the base model with the adapter switched off (adapter runs only). Sampling
+    seeds its own generators, so the run's random state is left as it was."""
+
+    def __init__(self, cfg, model, plan):
+        self.cfg, self.model, self.plan = cfg, model, plan
+        self.sampler = None
+
+    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        from retrograd.algorithms.context import chat_format
+        from retrograd.sampling import Sampler, SampleRequest, SamplingParams
+        from retrograd.serve.weights import set_adapter
+
+        model = self.model
+        if self.sampler is None:
+            ctx = min(4096, model.config.n_ctx_train or 4096)
+            fast = self.cfg.training.fast_sampling_context
+            self.sampler = Sampler(model.decoder, model.tokenizer, fast=fast, max_len=ctx)
+            variables = getattr(self.cfg.algorithm_section, "template_variables", None)
+            self.chat = chat_format(model, variables)
+        text = request["prompt"]
+        if request.get("chat", True):
+            ids = self.chat.prompt_ids([{"role": "user", "content": text}])
+        else:
+            ids = model.tokenizer.tokenize(text, add_bos=True)
+        params = SamplingParams(
+            temperature=request.get("temperature", 0.7),
+            top_p=request.get("top_p", 0.95),
+            max_new_tokens=request.get("max_new_tokens", 128),
+            seed=request.get("seed", 0),
+        )
+        sample = SampleRequest(tuple(ids), params)
+        [[answer]] = self.sampler.generate([sample])
+        out = {"text": answer.text, "prompt_tokens": len(ids), "tokens": len(answer.ids)}
+        if request.get("include_base") and self.plan.rank:
+            set_adapter(model.decoder, False)
+            try:
+                [[base]] = self.sampler.generate([sample])
+            finally:
+                set_adapter(model.decoder, True)
+            out["base_text"] = base.text
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,8 +38,9 @@ def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONRespo
     )
 
 
-def _is_stream(path: str) -> bool:
-    return path.endswith("/events")
+def _untimed(path: str) -> bool:
+    """Event streams, and live-run requests that wait for a boundary (their own timeout)."""
+    return path.endswith(("/events", "/generate", "/evaluate"))
 
 
 class Guard:
@@ -112,7 +113,7 @@ class Guard:
                 message.setdefault("headers", []).append((b"trace-id", trace_id.encode()))
             await send(message)
 
-        if _is_stream(path):
+        if _untimed(path):
             return await self.app(scope, counted, tracked)
         try:
             await asyncio.wait_for(self.app(scope, counted, tracked), self.timeout)

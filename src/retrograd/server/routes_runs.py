@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
@@ -294,6 +295,48 @@ async def patch(request: Request, run_id: str):
     if errors:
         raise Problem("conflict", "only the whitelisted keys change during a run", errors)
     raise Problem("not-implemented", "patching a live run is not built yet on this server")
+
+
+class GenerateRequest(BaseModel):
+    """POST /v1/runs/{id}/generate (formats.md §9.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    chat: bool = True
+    include_base: bool = False
+    max_new_tokens: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+
+
+@router.post("/runs/{run_id}/generate")
+async def generate(request: Request, run_id: str, body: GenerateRequest):
+    """An answer from the run's weights as they are at its next boundary (paused runs too)."""
+    config, _, runs = _state(request)
+    record = _record(request, run_id)
+    waiting = runs.generate(record, body.model_dump(exclude_none=True))
+    try:
+        reply = await asyncio.wait_for(asyncio.wrap_future(waiting), config.command_timeout_seconds)
+    except TimeoutError:
+        raise Problem(
+            "timeout",
+            f"run {run_id} reached no boundary within {config.command_timeout_seconds:g} s",
+        ) from None
+    if "error" in reply:
+        raise Problem(
+            "invalid-request",
+            f"the run could not answer: {reply['error']}",
+            [FieldError(pointer("prompt"), "invalid_value", reply["error"])],
+        )
+    return {"id": run_id, **reply["body"]}
+
+
+@router.post("/runs/{run_id}/evaluate")
+async def evaluate(request: Request, run_id: str):
+    _record(request, run_id)
+    raise Problem("not-implemented", "evaluating a live run is not built yet on this server")
 
 
 # -- events and metrics ----------------------------------------------------------------------

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,7 @@ class Live:
     record: RunRecord
     process: subprocess.Popen
     outcome: str | None = None  # the final status the server decided (cancel now, shutdown)
+    answers: dict[str, Future] = field(default_factory=dict)  # generate requests in flight
     reported: str | None = None  # the final status the process reported
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -127,6 +130,8 @@ class Runs:
                 self._on_message(live, message)
         code = live.process.wait()
         with self.store.lock:
+            for waiting in live.answers.values():  # the run ended before it could answer
+                waiting.set_result({"error": "the run ended before its next boundary"})
             record = live.record
             final = live.reported or live.outcome
             if final is None:
@@ -167,6 +172,10 @@ class Runs:
         elif kind == "resumed":
             if record.status in ("paused", "pausing"):
                 self.set_status(record, "running")
+        elif kind == "answer":
+            waiting = live.answers.pop(message["request_id"], None)
+            if waiting is not None:
+                waiting.set_result(message)
         elif kind in ("completed", "cancelled", "interrupted", "failed"):
             live.reported = kind
             if kind == "failed":
@@ -225,6 +234,19 @@ class Runs:
                     "conflict", f"cannot checkpoint run {record.id}: it is {record.status}"
                 )
             self._live(record, "checkpoint").send({"op": "checkpoint"})
+
+    def generate(self, record: RunRecord, request: dict[str, Any]) -> Future:
+        """Ask a live run for an answer at its next boundary; the future holds the process's
+        reply ({"body": ...} or {"error": ...})."""
+        with self.store.lock:
+            if record.status not in ("starting", "running", "paused", "pausing"):
+                raise Problem("conflict", f"run {record.id} is {record.status}: nothing answers")
+            live = self._live(record, "ask")
+            request_id = uuid.uuid4().hex
+            waiting: Future = Future()
+            live.answers[request_id] = waiting
+            live.send({"op": "generate", "request_id": request_id, "request": request})
+            return waiting
 
     def shutdown(self, timeout: float) -> None:
         """Ask every live run to checkpoint and stop at its next boundary; kill those still

@@ -127,6 +127,12 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
         paused = c.get(f"/runs/{rid}").json()
         assert paused["status"] == "paused" and paused["holds_device"] is True
         step = paused["progress"]["global_step"]
+        # a paused run answers with its weights as they are, and with its base model
+        asked = {"prompt": "the cat", "include_base": True, "max_new_tokens": 4, "temperature": 0}
+        answer = c.post(f"/runs/{rid}/generate", json=asked).json()
+        assert (answer["id"], answer["global_step"]) == (rid, step)
+        assert answer["tokens"] >= 1 and answer["prompt_tokens"] > 2
+        assert isinstance(answer["text"], str) and isinstance(answer["base_text"], str)
 
         assert c.post(f"/runs/{rid}/resume").status_code == 202
         wait_for(events, "status", status="running")
@@ -152,6 +158,8 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
 
         # a cancelled run cannot be paused (conflict); a queued run cancelled never starts
         assert c.post(f"/runs/{rid}/pause").json()["type"].endswith("/conflict")
+        late = c.post(f"/runs/{rid}/generate", json={"prompt": "the cat"})
+        assert late.status_code == 409
 
 
 def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, tmp_path):
