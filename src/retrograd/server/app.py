@@ -19,9 +19,11 @@ from fastapi import FastAPI, Request
 
 from retrograd import __version__
 from retrograd.server.config import CATALOGUES, ServerConfig
+from retrograd.server.documents import DERIVED
 from retrograd.server.events import QUEUE, Hub
 from retrograd.server.guard import Guard, install_handlers
 from retrograd.server.links import Links
+from retrograd.server.model_files import ModelFiles
 from retrograd.server.runner import Runs
 from retrograd.server.serving import CHAT, Serving, model_routes
 from retrograd.server.store import RunStore
@@ -150,6 +152,16 @@ def _discovery(app: FastAPI, config: ServerConfig) -> None:
                 "mode": "server",
             },
         }
+
+    files = ModelFiles(config.path_roots)
+
+    @app.get("/v1/model-files", tags=["discovery"])
+    async def model_files(refresh: bool = False):
+        return {"files": await asyncio.to_thread(files.listing, refresh)}
+
+    @app.get("/v1/defaults", tags=["discovery"])
+    async def defaults():
+        return {"derived": DERIVED, "active_defaults": []}
 
     @app.get("/v1/config-schema", tags=["discovery"])
     async def config_schema():

@@ -38,16 +38,48 @@ SERVER_DECLARED = {
     ("agent", "collect_api"): "nothing: a served run does not collect",
     ("agent", "scenario_generation"): "nothing: a served run does not generate scenarios",
 }
+# Every served run gets a checkpoint every this many optimizer steps unless it says otherwise.
+DEFAULT_CHECKPOINT_STEPS = 50
 # What PATCH /v1/runs/{id} may change during a run (formats.md §9.3).
 PATCHABLE = {
     "training": ("lr",),
     "evaluation": ("every_iterations", "patience"),
     "checkpoint": ("every_steps", "mode"),
 }
+# The values the server derives (GET /v1/defaults): what a client leaves out, filled in.
+DERIVED = [
+    {
+        "path": "output.path",
+        "rule": "<state_dir>/<run id>/output/adapter.gguf when the document sets none",
+        "applies_to": "every run",
+        "client_can_set": True,
+        "thresholds": {},
+    },
+    {
+        "path": "checkpoint",
+        "rule": f'directory = "<state_dir>/<run id>/checkpoints", mode = "steps", '
+        f"every_steps = {DEFAULT_CHECKPOINT_STEPS} when the document has no [checkpoint]",
+        "applies_to": "every run",
+        "client_can_set": True,
+        "thresholds": {"every_steps": DEFAULT_CHECKPOINT_STEPS},
+    },
+    {
+        "path": "<section>.reward_command, reward_mode, reward_timeout_seconds",
+        "rule": "from the [[reward]] entry named by <section>.reward = {id}",
+        "applies_to": "ppo, grpo",
+        "client_can_set": False,
+        "thresholds": {},
+    },
+    {
+        "path": "grpo.judge",
+        "rule": "the [[judge]] entry named by grpo.judge = {id}",
+        "applies_to": "grpo",
+        "client_can_set": False,
+        "thresholds": {},
+    },
+]
 REWARD_SECTIONS = ("ppo", "grpo")
 JUDGE_SECTIONS = ("grpo",)
-# Every served run gets a checkpoint every this many optimizer steps unless it says otherwise.
-DEFAULT_CHECKPOINT_STEPS = 50
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,13 @@ def test_bearer_token_guards_everything_under_v1(setup):
         assert rewards == [
             {"id": "plurals", "description": "1 for the right plural", "mode": "persistent"}
         ]  # never the command
+        files = c.get("/model-files", params={"refresh": "true"}).json()["files"]
+        assert [(f["name"], f["role"], f["architecture"]) for f in files] == [
+            ("tiny-llama", "model", "llama")  # general.name
+        ]
+        assert files[0]["path"] == str(setup[3]) and files[0]["bytes"] == setup[3].stat().st_size
+        derived = {d["path"] for d in c.get("/defaults").json()["derived"]}
+        assert {"output.path", "checkpoint"} <= derived
         schema = c.get("/config-schema").json()
         grpo = schema["$defs"]["GrpoSection"]["properties"]
         assert grpo["reward_command"]["x-retrograd-server-declared"] is True
