@@ -36,7 +36,7 @@ import torch
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.trajectory import Trajectory
 from retrograd.agent.world import World
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, outputs, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -44,7 +44,6 @@ from retrograd.data.sft import permutation
 from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
-from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import lr_at
 from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
 from retrograd.rollout.agent_scores import (
@@ -201,10 +200,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
 
     # 2. resume
     pos = Position()
-    patience = Patience(
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    patience = Patience.of(cfg.evaluation)
     found = persist.find_resume(cfg, resume)
     if found is not None:
         pos = Position.restored(persist.restore(found, run, named, optimizer, patience))
@@ -225,14 +221,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
     result = AgentResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = ObserveWriter.open(
-        cfg.observe,
-        algorithm="agent_grpo",
-        model=cfg.model.path,
-        params=settings,
-        resumed_from_update=pos.update if found is not None else None,
-        console=getattr(sinks, "console", None),
-    )
+    observe = rollout_run.open_observe(cfg, "agent_grpo", settings, pos.update, found, sinks)
     try:
         # 3. updates
         for update in range(pos.update + 1, a.updates + 1):

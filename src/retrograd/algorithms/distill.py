@@ -134,10 +134,7 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
 
     # 2. resume
     pos = Position()
-    patience = Patience(
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    patience = Patience.of(cfg.evaluation)
     found = persist.find_resume(cfg, resume)
     if found is not None:
         pos = Position.restored(persist.restore(found, run, named, optimizer, patience))

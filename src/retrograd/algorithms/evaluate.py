@@ -127,6 +127,13 @@ class Patience:
     best: float = float("inf")
     stale: int = 0
 
+    @classmethod
+    def of(cls, evaluation) -> Patience:
+        """The run's [evaluation] patience and min_delta (none without the section)."""
+        if evaluation is None:
+            return cls(None)
+        return cls(evaluation.patience, evaluation.min_delta)
+
     def update(self, loss: float) -> bool:
         """Record an evaluation; True when it improved on the best."""
         if loss < self.best - self.min_delta:

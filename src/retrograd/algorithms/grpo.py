@@ -45,7 +45,6 @@ from retrograd.checkpoint import DatasetPosition
 from retrograd.errors import JudgeError, TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
-from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import lr_at
 from retrograd.rewards.judge import group_id, open_judge
 from retrograd.rewards.program import RewardRequest, reward_program
@@ -141,10 +140,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
 
     # 2. resume
     pos = Position()
-    patience = Patience(  # on the negated mean reward: lower is better, as for a loss
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    # on the negated mean reward: lower is better, as for a loss
+    patience = Patience.of(cfg.evaluation)
     kl = KlController.from_section(g)
     found = persist.find_resume(cfg, resume)
     if found is not None:
@@ -152,14 +149,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         kl.load_state_dict(pos.kl)
     rollout_run.start(sinks, cfg, b, g.updates, pos, found)
     result = GRPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = ObserveWriter.open(
-        cfg.observe,
-        algorithm="grpo",
-        model=cfg.model.path,
-        params=settings,
-        resumed_from_update=pos.update if found is not None else None,
-        console=getattr(sinks, "console", None),
-    )
+    observe = rollout_run.open_observe(cfg, "grpo", settings, pos.update, found, sinks)
     program = reward_program(g, "[grpo]")
     run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
     judge = open_judge(g.judge, "[grpo.judge]", run_dir) if g.judge is not None else None

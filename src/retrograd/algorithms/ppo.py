@@ -43,7 +43,6 @@ from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.losses.value import gae, value_loss, whiten
 from retrograd.observe import names
-from retrograd.observe.rollouts import ObserveWriter
 from retrograd.optim import lr_at
 from retrograd.rewards.program import RewardRequest, reward_program
 from retrograd.rollout.passes import fanout, hidden_states, padded, pieces, score
@@ -106,10 +105,8 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
 
     # 2. resume
     pos = Position()
-    patience = Patience(  # on the negated mean reward: lower is better, as for a loss
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    # on the negated mean reward: lower is better, as for a loss
+    patience = Patience.of(cfg.evaluation)
     found = persist.find_resume(cfg, resume)
     if found is not None:
         state = persist.restore(found, run, named, optimizer, patience)
@@ -118,14 +115,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             critic.load_bytes(state.artifacts[VALUE_HEAD])
     rollout_run.start(sinks, cfg, b, p.updates, pos, found)
     result = PPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = ObserveWriter.open(
-        cfg.observe,
-        algorithm="ppo",
-        model=cfg.model.path,
-        params=settings,
-        resumed_from_update=pos.update if found is not None else None,
-        console=getattr(sinks, "console", None),
-    )
+    observe = rollout_run.open_observe(cfg, "ppo", settings, pos.update, found, sinks)
     program = reward_program(p, "[ppo]")
     try:
         # 3. updates

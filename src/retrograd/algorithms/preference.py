@@ -195,10 +195,7 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
 
     # 2. resume: weights, optimizer, position, and the scores a checkpoint keeps
     pos = Position()
-    patience = Patience(
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    patience = Patience.of(cfg.evaluation)
     ref: dict[str, Scores] | None = None
     first = Scores.unset(len(pairs))
     found = persist.find_resume(cfg, resume)

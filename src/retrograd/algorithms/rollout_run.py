@@ -1,4 +1,4 @@
-"""The frame the reward-driven rollout loops (ppo, grpo) share around their updates: what is
+"""The frame the reward-driven rollout loops (ppo, grpo, agent_grpo) share around their updates: what is
 built and checked before the first one, the sinks' start, the result record, and the export and
 summary after the last one.
 
@@ -77,6 +77,21 @@ def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> B
         model, prompt_file, held_file, prompts, held, tr.plan, tr.adapters, tr.named, tr.params,
         tr.optimizer, tr.rate, sampler, tr.trained,
     )  # fmt: skip
+
+
+def open_observe(cfg, algorithm: str, settings: dict, update: int, found, sinks):
+    """The run's [observe] writer (None without the section), told the update a resumed run
+    continues after."""
+    from retrograd.observe.rollouts import ObserveWriter
+
+    return ObserveWriter.open(
+        cfg.observe,
+        algorithm=algorithm,
+        model=cfg.model.path,
+        params=settings,
+        resumed_from_update=update if found is not None else None,
+        console=getattr(sinks, "console", None),
+    )
 
 
 def start(sinks, cfg, b: Built, updates: int, pos, found) -> None:

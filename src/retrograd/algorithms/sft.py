@@ -164,10 +164,7 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
 
     # 2. resume
     pos, window = Position(), None
-    patience = Patience(
-        cfg.evaluation.patience if cfg.evaluation else None,
-        cfg.evaluation.min_delta if cfg.evaluation else 0.0,
-    )
+    patience = Patience.of(cfg.evaluation)
     found = persist.find_resume(cfg, resume)
     if found is not None:
         state = persist.restore(found, run, named, optimizer, patience)
