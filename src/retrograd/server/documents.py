@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from retrograd.algorithms.outputs import NOT_INPUTS
 from retrograd.config import RunConfig, validate_run
 from retrograd.errors import ConfigError
 from retrograd.server.config import ServerConfig
@@ -266,8 +267,8 @@ def inside(path: Path, root: Path) -> bool:
 def check_paths(
     config: RunConfig, server: ServerConfig, prefix: tuple[str, ...], run_dir: Path
 ) -> None:
-    """Every path of the run inside a path root (the run's own folder always is); none at all
-    when the server does not take local paths."""
+    """Every path of the run inside a path root (the run's own folder always is), none at all
+    when the server does not take local paths; then every file the run reads must exist."""
     errors = []
     for place, path in config_paths(config):
         if inside(path, run_dir):
@@ -290,6 +291,13 @@ def check_paths(
             )
     if errors:
         raise Problem("forbidden-path", "the document names paths the server may not use", errors)
+    missing = [
+        FieldError(pointer(*prefix, *place), "path_not_found", f"{path}: no such file or folder")
+        for place, path in config_paths(config)
+        if tuple(place[:2]) not in NOT_INPUTS and not path.exists()
+    ]
+    if missing:
+        raise Problem("invalid-request", "the document names files that do not exist", missing)
 
 
 def marked_schema() -> dict[str, Any]:

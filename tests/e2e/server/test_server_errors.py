@@ -273,3 +273,20 @@ def test_conflicts_patch_whitelist_and_idempotency(setup):
             problem(anonymous.get(f"/runs/{rid}/artifacts/run"), 401, "unauthorized")
         problem(c.post(f"/runs/{rid}/artifacts/adapter/link"), 404, "not-found")  # none written
         assert c.delete(f"/runs/{rid}").status_code == 204
+
+
+def test_missing_inputs_are_refused_and_a_run_that_fails_says_why(setup):
+    server, root, _, model = setup
+    good = sft_toml(model, root / "data.txt")
+    with server.client() as c:
+        text = good.replace(f'data = "{root / "data.txt"}"', f'data = "{root / "nope.txt"}"')
+        r = c.post("/runs", content=text, headers={"Content-Type": "application/toml"})
+        assert codes(problem(r, 422, "invalid-request")) == [("/sft/data", "path_not_found")]
+        (root / "junk.gguf").write_bytes(b"GGUF but nothing more")
+        text = good.replace(f'path = "{model}"', f'path = "{root / "junk.gguf"}"')
+        run = c.post("/runs", content=text, headers={"Content-Type": "application/toml"}).json()
+        end = [d for k, d in server.events(run["id"]) if k == "terminal"][0]
+        assert end["status"] == "failed" and "junk.gguf" in end["error"]
+        view = c.get(f"/runs/{run['id']}").json()
+        assert view["status"] == "failed" and view["error"] == end["error"]
+        assert c.delete(f"/runs/{run['id']}").status_code == 204

@@ -47,7 +47,10 @@ def server(tmp_path, extra: str = ""):
 
 
 def test_catalogue_ids_are_filled_in_and_run_folders_added(tmp_path):
-    prepared = prepare(GRPO, {"grpo": {"updates": 3}}, server(tmp_path), tmp_path / "run_1")
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "p.jsonl").write_text("")
+    config = server(tmp_path, f'path_roots = ["{tmp_path}"]\n')  # relative paths: the first root
+    prepared = prepare(GRPO, {"grpo": {"updates": 3}}, config, tmp_path / "run_1")
     g = prepared.config.grpo
     assert g.reward_command == ["python3", "reward.py"] and g.reward_timeout_seconds == 12
     assert g.judge.type == "ruler" and g.judge.model == "gemma" and g.updates == 3
@@ -55,7 +58,18 @@ def test_catalogue_ids_are_filled_in_and_run_folders_added(tmp_path):
     assert prepared.config.checkpoint.directory == tmp_path / "run_1" / "checkpoints"
     assert prepared.provenance["grpo.updates"]["source"] == "override"
     assert prepared.provenance["checkpoint.every_steps"]["source"] == "derived"
-    assert prepared.config.model.path == prepared.base_dir / "m.gguf"
+    assert prepared.config.model.path == tmp_path / "m.gguf"
+
+
+def test_files_a_run_reads_must_exist(tmp_path):
+    with pytest.raises(Problem) as caught:
+        prepare(GRPO, None, server(tmp_path, f'path_roots = ["{tmp_path}"]\n'), tmp_path / "r")
+    assert caught.value.kind == "invalid-request"
+    found = {e.pointer: e.code for e in caught.value.errors}
+    assert found == {
+        "/config/model/path": "path_not_found",
+        "/config/grpo/prompts": "path_not_found",
+    }
 
 
 @pytest.mark.parametrize(
