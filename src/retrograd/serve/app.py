@@ -92,7 +92,7 @@ def create_app(
         proto.check_supported(req)
         known(req.model)
         tools = proto.tools_for_prompt(req)
-        sample = _sample_request(loaded, req, tools)
+        sample = sample_request(loaded, req, tools)
         parse = loaded.chat.parse if tools else None
         if req.stream:
             include_usage = bool((req.stream_options or {}).get("include_usage"))
@@ -163,7 +163,9 @@ async def _json_body(request: Request, limit: int):
     return data
 
 
-def _sample_request(loaded, req: proto.ChatRequest, tools) -> SampleRequest:
+def sample_request(loaded, req: proto.ChatRequest, tools) -> SampleRequest:
+    """The sampler's request for a chat request; `loaded` needs `.chat` and `.ctx` (the run
+    server's live runs pass their own)."""
     records = proto.to_records(req.messages, tools)
     try:
         prompt = loaded.chat.prompt_ids(records, tools)

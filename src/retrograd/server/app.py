@@ -77,7 +77,7 @@ def create_app(
     install_handlers(app, config.redact)
     _discovery(app, config)
     if config.serving.enabled:
-        model_routes(app, store, serving)
+        model_routes(app, store, runs, serving, config.command_timeout_seconds)
     from retrograd.server.routes_runs import router
 
     app.include_router(router, prefix="/v1")

@@ -128,17 +128,23 @@ class ServerSinks(Sinks):
                     raise Stop(outcome)
             elif op == "pause":
                 self._pause()
-            elif op == "generate":
+            elif op in ("generate", "chat"):
                 self._answer(command)
 
     def _answer(self, command: dict[str, Any]) -> None:
-        """A generation with the weights as they are at this boundary, sent back by its id."""
+        """A generation with the weights as they are at this boundary, sent back by its id:
+        `generate` (the server's route) or `chat` (an OpenAI chat request, its answer or its
+        OpenAI error document)."""
+        rid = command["request_id"]
         try:
-            body = {**self.position, **self.live.generate(command["request"])}
-            self.channel.send("answer", request_id=command["request_id"], body=body)
+            if command["op"] == "chat":
+                status, body = self.live.complete(command["request"])
+                self.channel.send("answer", request_id=rid, body=body, status=status)
+            else:
+                body = {**self.position, **self.live.generate(command["request"])}
+                self.channel.send("answer", request_id=rid, body=body)
         except Exception as error:  # the request's failure, not the run's
-            message = f"{type(error).__name__}: {error}"
-            self.channel.send("answer", request_id=command["request_id"], error=message)
+            self.channel.send("answer", request_id=rid, error=f"{type(error).__name__}: {error}")
 
     def _pause(self) -> None:
         """Wait at this boundary (the device stays held) until resume, cancel or stop; a
@@ -146,7 +152,7 @@ class ServerSinks(Sinks):
         self.channel.send("paused")
         while True:
             later = self.channel.wait()
-            for command in [c for c in later if c.get("op") == "generate"]:
+            for command in [c for c in later if c.get("op") in ("generate", "chat")]:
                 self._answer(command)  # a paused run still answers with its weights
             ops = {c.get("op") for c in later}
             if ops & {"resume", "cancel", "stop"}:
@@ -193,19 +199,45 @@ class LiveModel:
     def __init__(self, cfg, model, plan):
         self.cfg, self.model, self.plan = cfg, model, plan
         self.sampler = None
+        self.ctx = 0  # the answers' context, with `chat` (the format) set by _ready
 
-    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _ready(self) -> None:
         from retrograd.algorithms.context import chat_format
-        from retrograd.sampling import Sampler, SampleRequest, SamplingParams
-        from retrograd.serve.weights import set_adapter
+        from retrograd.sampling import Sampler
 
-        model = self.model
         if self.sampler is None:
-            ctx = min(4096, model.config.n_ctx_train or 4096)
+            model = self.model
+            self.ctx = min(4096, model.config.n_ctx_train or 4096)
             fast = self.cfg.training.fast_sampling_context
-            self.sampler = Sampler(model.decoder, model.tokenizer, fast=fast, max_len=ctx)
+            self.sampler = Sampler(model.decoder, model.tokenizer, fast=fast, max_len=self.ctx)
             variables = getattr(self.cfg.algorithm_section, "template_variables", None)
             self.chat = chat_format(model, variables)
+
+    def complete(self, data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of an OpenAI chat request, answered as `retrograd serve` does."""
+        from retrograd.serve import protocol as proto
+        from retrograd.serve.app import sample_request
+
+        self._ready()
+        try:
+            req = proto.parse_request(data)
+            proto.check_supported(req)
+            tools = proto.tools_for_prompt(req)
+            sample = sample_request(self, req, tools)
+        except proto.ApiError as error:
+            return error.status, error.body()
+        [[answer]] = self.sampler.generate([sample])
+        parsed = self.chat.parse(answer.text) if tools else None
+        message, finish = proto.message_of(answer.text, parsed)
+        usage = proto.usage_of(answer)
+        return 200, proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
+
+    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        from retrograd.sampling import SampleRequest, SamplingParams
+        from retrograd.serve.weights import set_adapter
+
+        self._ready()
+        model = self.model
         text = request["prompt"]
         if request.get("chat", True):
             ids = self.chat.prompt_ids([{"role": "user", "content": text}])

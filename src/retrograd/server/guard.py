@@ -39,8 +39,9 @@ def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONRespo
 
 
 def _untimed(path: str) -> bool:
-    """Event streams, and live-run requests that wait for a boundary (their own timeout)."""
-    return path.endswith(("/events", "/generate", "/evaluate"))
+    """Event streams, and requests that may wait for a run's boundary or a model's load
+    (bounded by command_timeout_seconds where a run answers)."""
+    return path.endswith(("/events", "/generate", "/evaluate", "/chat/completions"))
 
 
 class Guard:

@@ -316,7 +316,7 @@ async def generate(request: Request, run_id: str, body: GenerateRequest):
     """An answer from the run's weights as they are at its next boundary (paused runs too)."""
     config, _, runs = _state(request)
     record = _record(request, run_id)
-    waiting = runs.generate(record, body.model_dump(exclude_none=True))
+    waiting = runs.ask(record, "generate", body.model_dump(exclude_none=True))
     try:
         reply = await asyncio.wait_for(asyncio.wrap_future(waiting), config.command_timeout_seconds)
     except TimeoutError:

@@ -25,6 +25,8 @@ from retrograd.server.events import Hub
 from retrograd.server.problems import Problem
 from retrograd.server.store import TERMINAL, RunRecord, RunStore
 
+LIVE = ("starting", "running", "paused", "pausing")  # a process that reaches boundaries
+
 
 @dataclass
 class Live:
@@ -235,17 +237,17 @@ class Runs:
                 )
             self._live(record, "checkpoint").send({"op": "checkpoint"})
 
-    def generate(self, record: RunRecord, request: dict[str, Any]) -> Future:
-        """Ask a live run for an answer at its next boundary; the future holds the process's
-        reply ({"body": ...} or {"error": ...})."""
+    def ask(self, record: RunRecord, op: str, request: dict[str, Any]) -> Future:
+        """Ask a live run's process for an answer at its next boundary (`generate`, or `chat`
+        for the OpenAI routes); the future holds its reply ({"body": ...} or {"error": ...})."""
         with self.store.lock:
-            if record.status not in ("starting", "running", "paused", "pausing"):
+            if record.status not in LIVE:
                 raise Problem("conflict", f"run {record.id} is {record.status}: nothing answers")
             live = self._live(record, "ask")
             request_id = uuid.uuid4().hex
             waiting: Future = Future()
             live.answers[request_id] = waiting
-            live.send({"op": "generate", "request_id": request_id, "request": request})
+            live.send({"op": op, "request_id": request_id, "request": request})
             return waiting
 
     def shutdown(self, timeout: float) -> None:

@@ -2,11 +2,11 @@
 
 A model id names a run and which of its adapters to apply: `@final` the adapter it exported,
 `@best` and `@step-N` the adapters exported beside those checkpoints, `@latest` the one a
-resume would pick, `@base` none; a bare `RUN_ID` is the final adapter once written, else the
-latest checkpoint's (a live run is answered with its latest checkpoint, not the weights in its
-process). Answers come from `retrograd serve`'s own app (serve/app.py), built for one model at
-a time in this process and dropped after `[serving].idle_seconds` or when another model is
-asked for. Errors are OpenAI's JSON, not problem+json. Only runs that train a LoRA adapter
+resume would pick, `@base` none. A bare `RUN_ID` is the live weights while the run's process
+lives (answered by that process at its next boundary, in one piece), then its final adapter
+(else its latest checkpoint's). Other answers come from `retrograd serve`'s own app
+(serve/app.py), built for one model at a time in this process and dropped after
+`[serving].idle_seconds` or when another model is asked for. Errors are OpenAI's JSON, not problem+json. Only runs that train a LoRA adapter
 are served. Nothing here imports torch until a chat request loads a model.
 """
 
@@ -19,9 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from retrograd.serve.errors import ApiError, model_entry
+from retrograd.server.problems import Problem
+from retrograd.server.runner import LIVE, Runs
 from retrograd.server.store import RunRecord, RunStore
 
 CHAT = "/v1/chat/completions"
@@ -35,6 +37,7 @@ class Target:
     model_id: str
     run: RunRecord
     adapter: Path | None
+    live: bool = False  # answered by the run's own process
 
 
 def _checkpoint_dir(record: RunRecord) -> Path | None:
@@ -71,23 +74,24 @@ def _latest(record: RunRecord) -> Path | None:
     return adapter if adapter is not None and adapter.is_file() else None
 
 
-def available(record: RunRecord) -> list[str]:
-    """Every model id the run answers to now."""
+def available(record: RunRecord, live: bool = False) -> list[str]:
+    """Every model id the run answers to now (`live`: its process runs)."""
     if record.effective_config.get("training", {}).get("trainable", "lora") != "lora":
         return []
-    ids = [record.id] if (_final(record) or _latest(record)) else []
+    ids = [record.id] if (live or _final(record) or _latest(record)) else []
     ids += [f"{record.id}@final"] if _final(record) else []
     ids += [f"{record.id}@latest"] if _latest(record) else []
     ids += [f"{record.id}@{suffix}" for suffix, _ in _exports(record)]
     return ids + [f"{record.id}@base"]
 
 
-def resolve(store: RunStore, model_id: str) -> Target:
+def resolve(store: RunStore, runs: Runs, model_id: str) -> Target:
     found = _ID.match(model_id or "")
     record = store.runs.get(found[1]) if found else None
     if record is None:
         raise ApiError(404, f"model {model_id!r} not found", "model", "model_not_found")
-    if model_id not in available(record):
+    live = record.id in runs.live and record.status in LIVE
+    if model_id not in available(record, live):
         raise ApiError(
             404,
             f"model {model_id!r}: that run has no such weights (it has: "
@@ -96,6 +100,8 @@ def resolve(store: RunStore, model_id: str) -> Target:
             "model_not_found",
         )
     suffix = found[2]
+    if suffix is None and live:
+        return Target(model_id, record, None, live=True)
     if suffix == "base":
         adapter = None
     elif suffix == "final":
@@ -158,10 +164,11 @@ def openai_error(error: ApiError) -> JSONResponse:
 
 
 class ChatCompletions:
-    """POST /v1/chat/completions: the body's `model` picks the weights; serve's app answers."""
+    """POST /v1/chat/completions: the body's `model` picks the weights; serve's app answers,
+    or the live run's process."""
 
-    def __init__(self, store: RunStore, serving: Serving):
-        self.store, self.serving = store, serving
+    def __init__(self, store: RunStore, runs: Runs, serving: Serving, timeout: float):
+        self.store, self.runs, self.serving, self.timeout = store, runs, serving, timeout
 
     async def __call__(self, scope, receive, send):
         body, more = b"", True
@@ -175,7 +182,10 @@ class ChatCompletions:
             if not isinstance(model_id, str):
                 raise ApiError(400, "model: required, a model id (GET /v1/models)", "model")
             with self.store.lock:
-                target = resolve(self.store, model_id)
+                target = resolve(self.store, self.runs, model_id)
+            if target.live:
+                response = await self._live(target, data)
+                return await response(scope, receive, send)
             app = await self.serving.app_for(target)
         except json.JSONDecodeError as error:
             return await openai_error(ApiError(400, f"the body is not JSON: {error}"))(
@@ -194,8 +204,43 @@ class ChatCompletions:
 
         await app(scope, replay, send)
 
+    async def _live(self, target: Target, data: dict):
+        """The live run's answer, as JSON or (stream) as one piece of server-sent events."""
+        try:
+            waiting = self.runs.ask(target.run, "chat", data)
+        except Problem as problem:
+            raise ApiError(409, f"model {target.model_id!r}: {problem.detail}", "model") from None
+        try:
+            reply = await asyncio.wait_for(asyncio.wrap_future(waiting), self.timeout)
+        except TimeoutError:
+            raise ApiError(504, f"the run reached no boundary within {self.timeout:g} s") from None
+        if "error" in reply:
+            raise ApiError(500, f"the run could not answer: {reply['error']}")
+        body, status = reply["body"], reply.get("status", 200)
+        if status != 200 or not data.get("stream"):
+            return JSONResponse(body, status_code=status)
+        return StreamingResponse(_one_piece(body, data), media_type="text/event-stream")
 
-def model_routes(app, store: RunStore, serving: Serving) -> None:
+
+async def _one_piece(body: dict, data: dict):
+    """A whole answer as OpenAI's stream: the role, the message, the finish, the usage."""
+    from retrograd.serve import protocol as proto
+
+    base = proto.chunk_base(body["model"])
+    choice = body["choices"][0]
+    chunks = [
+        proto.delta_chunk(base, {"role": "assistant", "content": ""}),
+        proto.delta_chunk(base, proto.message_delta(choice["message"])),
+        proto.delta_chunk(base, {}, choice["finish_reason"]),
+    ]
+    if (data.get("stream_options") or {}).get("include_usage"):
+        chunks.append(proto.usage_chunk(base, body["usage"]))
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def model_routes(app, store: RunStore, runs: Runs, serving: Serving, timeout: float) -> None:
     """GET /v1/models, GET /v1/models/{model} and POST /v1/chat/completions on `app`."""
     from starlette.routing import Route
 
@@ -203,17 +248,21 @@ def model_routes(app, store: RunStore, serving: Serving) -> None:
     async def models():
         with store.lock:
             records = sorted(store.runs.values(), key=lambda r: r.id, reverse=True)
-            ids = [(i, r.created_at // 1000) for r in records for i in available(r)]
+            ids = [
+                (i, r.created_at // 1000)
+                for r in records
+                for i in available(r, r.id in runs.live and r.status in LIVE)
+            ]
         return {"object": "list", "data": [model_entry(i, created) for i, created in ids]}
 
     @app.get("/v1/models/{model_id:path}", tags=["openai"])
     async def model(model_id: str):
         try:
             with store.lock:
-                target = resolve(store, model_id)
+                target = resolve(store, runs, model_id)
         except ApiError as error:
             return openai_error(error)
         return model_entry(model_id, target.run.created_at // 1000)
 
-    endpoint = ChatCompletions(store, serving)
+    endpoint = ChatCompletions(store, runs, serving, timeout)
     app.router.routes.append(Route(CHAT, endpoint, methods=["POST"]))

@@ -133,6 +133,17 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
         assert (answer["id"], answer["global_step"]) == (rid, step)
         assert answer["tokens"] >= 1 and answer["prompt_tokens"] > 2
         assert isinstance(answer["text"], str) and isinstance(answer["base_text"], str)
+        api = openai.OpenAI(base_url=server.url, api_key="unused")
+        assert rid in {m.id for m in api.models.list().data}  # its live weights
+        hello = [{"role": "user", "content": "the cat"}]
+        live = api.chat.completions.create(model=rid, messages=hello, max_tokens=4, temperature=0)
+        assert live.model == rid and live.usage.completion_tokens >= 1
+        streamed = api.chat.completions.create(
+            model=rid, messages=hello, max_tokens=4, temperature=0, stream=True
+        )
+        pieces = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
+        assert "".join(pieces) == live.choices[0].message.content  # greedy: the same answer
+        assert c.get(f"/runs/{rid}").json()["progress"]["global_step"] == step  # still paused
 
         assert c.post(f"/runs/{rid}/resume").status_code == 202
         wait_for(events, "status", status="running")
