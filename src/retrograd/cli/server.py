@@ -3,6 +3,7 @@
     retrograd-server [config.toml] [--bind ADDR] [--state-dir DIR] [--vram-budget X] [--ram-budget X]
     retrograd-server openapi          # the OpenAPI document of the routes
     retrograd-server config-schema    # the run file's JSON Schema
+    retrograd-server view OBSERVE_DIR [--bind 127.0.0.1:0] [--open]
 
 Without a subcommand it serves runs over HTTP (docs/server.md): flags override the file's keys,
 RETROGRAD_SERVER_TOKEN gives the token when the file has none. Nothing imported for `--help`,
@@ -22,6 +23,7 @@ EPILOG = """\
 subcommands:
   openapi          print the OpenAPI document of the server's routes
   config-schema    print the JSON Schema (draft 2020-12) of run files
+  view DIR         an [observe] directory's rollout viewer on a loopback URL
 
 examples:
   retrograd-server                          # 127.0.0.1:8471, runs under ./runs
@@ -29,7 +31,7 @@ examples:
   retrograd-server config-schema > retrograd.schema.json
       then point Taplo or Even Better TOML at the file (see docs/configuration.md)
 """
-SUBCOMMANDS = ("openapi", "config-schema")
+SUBCOMMANDS = ("openapi", "config-schema", "view")
 
 
 def config_schema(args: argparse.Namespace) -> int:
@@ -50,6 +52,27 @@ def openapi(args: argparse.Namespace) -> int:
 
     document = create_app(ServerConfig()).openapi()
     sys.stdout.write(json.dumps(document, indent=None if args.compact else 2) + "\n")
+    return 0
+
+
+def view(args: argparse.Namespace) -> int:
+    from retrograd.server.view import viewer_server
+
+    server = viewer_server(args.directory, args.bind)
+    host, port = server.server_address[:2]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/index.html"
+    print(f"retrograd-server: the viewer of {args.directory} at {url} (Ctrl-C stops)", flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 
@@ -100,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retrograd-server",
         usage="retrograd-server [config.toml] [--bind ADDR] [--state-dir DIR] "
-        "[--vram-budget X] [--ram-budget X]\n       retrograd-server {openapi,config-schema} ...",
+        "[--vram-budget X] [--ram-budget X]\n       retrograd-server {openapi,config-schema,view} ...",
         description="Retrograd's run server: start, follow and control training runs over HTTP.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,6 +145,17 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
         )
         p.add_argument("--compact", action="store_true", help="print on one line")
         p.set_defaults(handler=openapi)
+        return p
+    if name == "view":
+        p = argparse.ArgumentParser(
+            prog="retrograd-server view",
+            description="Serve an [observe] directory's rollout viewer, read-only, on a "
+            "loopback URL (docs/observe.md).",
+        )
+        p.add_argument("directory", metavar="OBSERVE_DIR", help="a run's [observe].directory")
+        p.add_argument("--bind", default="127.0.0.1:0", help="loopback HOST:PORT (port 0: any)")
+        p.add_argument("--open", action="store_true", help="open it in the default browser")
+        p.set_defaults(handler=view)
         return p
     p = argparse.ArgumentParser(
         prog="retrograd-server config-schema",
