@@ -101,10 +101,11 @@ class RunServer:
                         kind, data = None, None
 
 
-def sft_toml(model: Path, data: Path, epochs: int = 1, extra: str = "") -> str:
-    """A tiny SFT run file (absolute paths); `extra` adds tables."""
+def sft_toml(model: Path, data: Path, epochs: int = 1, extra: str = "", text: str = TEXT) -> str:
+    """A tiny SFT run file (absolute paths) on `data` (written with `text`, about one optimizer
+    step per 30 characters, when missing); `extra` adds tables."""
     if not data.exists():
-        data.write_text(TEXT)
+        data.write_text(text)
     return f"""
 [run]
 algorithm = "sft"

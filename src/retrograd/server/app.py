@@ -78,9 +78,10 @@ def create_app(
     _discovery(app, config)
     if config.serving.enabled:
         model_routes(app, store, runs, serving, config.command_timeout_seconds)
-    from retrograd.server.routes_runs import router
+    from retrograd.server import routes_artifacts, routes_events, routes_runs
 
-    app.include_router(router, prefix="/v1")
+    for module in (routes_runs, routes_events, routes_artifacts):
+        app.include_router(module.router, prefix="/v1")
     return app
 
 

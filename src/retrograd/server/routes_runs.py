@@ -1,5 +1,5 @@
-"""Runs over HTTP (formats.md §9.3): create, list, view, delete, control, events, metrics,
-artifacts.
+"""Runs over HTTP (formats.md §9.3): create, list, view, delete, control, ask a live run
+(events and metrics are in routes_events.py, artifacts in routes_artifacts.py).
 
 A run is created from a whole run document: `{"config": {...}, "params": {...}, "name": ...}`
 as JSON, or the TOML of a run file (`Content-Type: application/toml`, `?name=` beside it).
@@ -11,33 +11,29 @@ routes answer CommandAccepted (202); their effect comes at the run's next bounda
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
 from retrograd.server.documents import PATCHABLE, prepare
-from retrograd.server.events import frame, lagged_frame
-from retrograd.server.guard import CHALLENGE, read_json_object
+from retrograd.server.guard import read_json_object
 from retrograd.server.problems import FieldError, Problem, pointer
-from retrograd.server.store import FINISHED, TERMINAL, RunRecord, iso, new_run_id, now_ms
+from retrograd.server.store import FINISHED, RunRecord, iso, new_run_id, now_ms
 
 router = APIRouter(tags=["runs"])
 REQUEST_FIELDS = ("config", "params", "name", "recipe", "fork_from")
-KEEPALIVE_SECONDS = 15.0
 
 
-def _state(request: Request):
+def server_state(request: Request):
     s = request.app.state
     return s.config, s.store, s.runs
 
 
-def _record(request: Request, run_id: str) -> RunRecord:
-    _, store, _ = _state(request)
+def find_run(request: Request, run_id: str) -> RunRecord:
+    _, store, _ = server_state(request)
     record = store.runs.get(run_id)
     if record is None:
         raise Problem(
@@ -130,14 +126,14 @@ def _dry(prepared) -> dict[str, Any]:
 
 @router.post("/plan")
 async def plan(request: Request):
-    config, store, _ = _state(request)
+    config, store, _ = server_state(request)
     document, params, _name, where = await _run_request(request)
     return _dry(prepare(document, params, config, store.folder("run_plan"), where))
 
 
 @router.post("/runs", status_code=201)
 async def create_run(request: Request, response: Response, dry_run: bool = False):
-    config, store, runs = _state(request)
+    config, store, runs = server_state(request)
     key = request.headers.get("idempotency-key")
     if key is not None:
         with store.lock:
@@ -186,7 +182,7 @@ async def list_runs(
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = None,
 ):
-    _, store, runs = _state(request)
+    _, store, runs = server_state(request)
     with store.lock:
         chosen = [
             r
@@ -205,16 +201,16 @@ async def list_runs(
 
 @router.get("/runs/{run_id}")
 async def get_run(request: Request, run_id: str):
-    _, store, runs = _state(request)
+    _, store, runs = server_state(request)
     with store.lock:
-        return view(_record(request, run_id), runs)
+        return view(find_run(request, run_id), runs)
 
 
 @router.delete("/runs/{run_id}", status_code=204)
 async def delete_run(request: Request, run_id: str):
-    _, store, _ = _state(request)
+    _, store, _ = server_state(request)
     with store.lock:
-        record = _record(request, run_id)
+        record = find_run(request, run_id)
         if record.status not in FINISHED:
             raise Problem(
                 "conflict",
@@ -239,7 +235,7 @@ def _control(action: str):
     """A control route without a body: Runs.<action> on the run, answered CommandAccepted."""
 
     async def route(request: Request, run_id: str):
-        record = _record(request, run_id)
+        record = find_run(request, run_id)
         getattr(request.app.state.runs, action)(record)
         return _accepted(record)
 
@@ -255,8 +251,8 @@ for _path, _action in (("pause", "pause"), ("resume", "resume"), ("checkpoints",
 
 @router.post("/runs/{run_id}/cancel", status_code=202)
 async def cancel(request: Request, run_id: str):
-    _, _, runs = _state(request)
-    record = _record(request, run_id)
+    _, _, runs = server_state(request)
+    record = find_run(request, run_id)
     body = read_json_object(await request.body(), ("at", "checkpoint"))
     at = body.get("at", "boundary")
     checkpoint = body.get("checkpoint", False)
@@ -277,7 +273,7 @@ async def cancel(request: Request, run_id: str):
 
 @router.patch("/runs/{run_id}")
 async def patch(request: Request, run_id: str):
-    _record(request, run_id)
+    find_run(request, run_id)
     body = read_json_object(await request.body(), tuple(PATCHABLE))
     errors = []
     for section, table in body.items():
@@ -314,8 +310,8 @@ class GenerateRequest(BaseModel):
 @router.post("/runs/{run_id}/generate")
 async def generate(request: Request, run_id: str, body: GenerateRequest):
     """An answer from the run's weights as they are at its next boundary (paused runs too)."""
-    config, _, runs = _state(request)
-    record = _record(request, run_id)
+    config, _, runs = server_state(request)
+    record = find_run(request, run_id)
     waiting = runs.ask(record, "generate", body.model_dump(exclude_none=True))
     try:
         reply = await asyncio.wait_for(asyncio.wrap_future(waiting), config.command_timeout_seconds)
@@ -335,251 +331,5 @@ async def generate(request: Request, run_id: str, body: GenerateRequest):
 
 @router.post("/runs/{run_id}/evaluate")
 async def evaluate(request: Request, run_id: str):
-    _record(request, run_id)
+    find_run(request, run_id)
     raise Problem("not-implemented", "evaluating a live run is not built yet on this server")
-
-
-# -- events and metrics ----------------------------------------------------------------------
-
-
-def _since(request: Request, since: int | None) -> int:
-    given = request.headers.get("last-event-id")
-    value: Any = given if given is not None else (since or 0)
-    try:
-        value = int(value)
-    except ValueError:
-        value = -1
-    if value < 0:
-        where = "/headers/last-event-id" if given is not None else pointer("since")
-        raise Problem(
-            "invalid-request",
-            "the replay position must be a sequence number (0 or more)",
-            [FieldError(where, "invalid_value", "must be an integer of 0 or more")],
-        )
-    return value
-
-
-@router.get("/runs/{run_id}/events")
-async def run_events(request: Request, run_id: str, since: int | None = Query(None)):
-    _, store, runs = _state(request)
-    first = _since(request, since)
-    with store.lock:
-        record = _record(request, run_id)
-        sub = runs.hub.subscribe(run_id)
-        replay = store.logs[run_id].since(first)
-        ended = record.status in TERMINAL
-
-    async def stream():
-        last = first
-        try:
-            for event in replay:
-                yield frame(event)
-                last = event["seq"]
-                if event["type"] == "terminal":
-                    return
-            if ended:
-                return
-            async for event in _live(sub):
-                if isinstance(event, str):  # a keepalive, or the end of a lagged stream
-                    yield event if event != LAGGED else lagged_frame(last)
-                    continue
-                if event["seq"] > last:
-                    yield frame(event)
-                    last = event["seq"]
-                    if event["type"] == "terminal":
-                        return
-        finally:
-            runs.hub.unsubscribe(sub)
-
-    return _sse(stream())
-
-
-@router.get("/events")
-async def all_events(request: Request):
-    _, _, runs = _state(request)
-    sub = runs.hub.subscribe(None)
-
-    async def stream():
-        try:
-            yield ": live events of every run\n\n"
-            async for event in _live(sub):
-                if isinstance(event, str):
-                    yield event if event != LAGGED else lagged_frame(0)
-                else:
-                    yield frame(event, with_id=False)
-        finally:
-            runs.hub.unsubscribe(sub)
-
-    return _sse(stream())
-
-
-LAGGED = "lagged"
-
-
-async def _live(sub):
-    """A subscription's events as they come, a keepalive comment when none came for a while,
-    and LAGGED last when the client fell too far behind."""
-    while True:
-        try:
-            event = await asyncio.wait_for(sub.next(), KEEPALIVE_SECONDS)
-        except TimeoutError:
-            yield ": keepalive\n\n"
-            continue
-        if event is None:
-            yield LAGGED
-            return
-        yield event
-
-
-def _sse(body) -> StreamingResponse:
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-
-
-@router.get("/runs/{run_id}/metrics")
-async def metrics(
-    request: Request,
-    run_id: str,
-    since: int = Query(0, ge=0),
-    names: str | None = None,
-    limit: int = Query(1000, ge=1, le=1000),
-):
-    _, store, _ = _state(request)
-    with store.lock:
-        _record(request, run_id)
-        events = [e for e in store.logs[run_id].since(since) if e["type"] == "metrics"]
-    wanted = set(names.split(",")) if names else None
-    out = []
-    for e in events[:limit]:
-        values = {k: v for k, v in e["values"].items() if wanted is None or k in wanted}
-        out.append(
-            {k: e[k] for k in ("seq", "at", "iteration", "global_step")} | {"values": values}
-        )
-    return {"metrics": out, "next_since": out[-1]["seq"] if out else since}
-
-
-# -- artifacts --------------------------------------------------------------------------------
-
-
-def _artifacts(request: Request, record: RunRecord) -> list[dict[str, Any]]:
-    _, store, _ = _state(request)
-    folder = store.folder(record.id)
-    cfg = record.effective_config
-    places = {
-        "adapter": cfg.get("output", {}).get("path"),
-        "run": str(folder / "run.json"),
-        "events": str(folder / "events.jsonl"),
-        "checkpoints": cfg.get("checkpoint", {}).get("directory"),
-        "tensorboard": cfg.get("metrics", {}).get("tensorboard_dir"),
-        "wandb_export": cfg.get("metrics", {}).get("wandb_export_dir"),
-        "observe": cfg.get("observe", {}).get("directory"),
-    }
-    out = []
-    for name, place in places.items():
-        if place is None:
-            continue
-        path = Path(place)
-        kind = (
-            "directory"
-            if name in ("checkpoints", "tensorboard", "wandb_export", "observe")
-            else "file"
-        )
-        present = path.is_dir() if kind == "directory" else path.is_file()
-        item = {
-            "name": name,
-            "path": str(path),
-            "kind": kind,
-            "present": present,
-            "downloadable": present and kind == "file",
-        }
-        if present and kind == "file":
-            item["bytes"] = path.stat().st_size
-        out.append(item)
-    return out
-
-
-@router.get("/runs/{run_id}/artifacts")
-async def artifacts(request: Request, run_id: str):
-    record = _record(request, run_id)
-    config = request.app.state.config
-    items = _artifacts(request, record)
-    if config.redact:
-        for item in items:
-            item.pop("path")
-    return {"artifacts": items}
-
-
-def _downloadable(request: Request, record: RunRecord, name: str) -> dict[str, Any]:
-    found = {a["name"]: a for a in _artifacts(request, record)}.get(name)
-    if found is None or not found["downloadable"]:
-        why = "no such artifact" if found is None else "not present, or a directory"
-        raise Problem(
-            "not-found",
-            f"run {record.id} has no downloadable artifact {name!r} ({why})",
-            [FieldError(pointer("name"), "not_found", why)],
-        )
-    return found
-
-
-@router.get("/runs/{run_id}/artifacts/{name}")
-async def artifact(
-    request: Request, run_id: str, name: str, sig: str | None = None, exp: str | None = None
-):
-    if sig is not None and not request.app.state.links.valid(run_id, name, sig, exp):
-        raise Problem(
-            "unauthorized",
-            "the link is expired, or signed for something else; ask for a new one",
-            [FieldError(pointer("sig"), "unauthorized", "invalid or expired signature")],
-            headers=CHALLENGE,
-        )
-    found = _downloadable(request, _record(request, run_id), name)
-    suffix = {"adapter": ".gguf", "run": ".json", "events": ".jsonl"}.get(name, "")
-    return FileResponse(
-        found["path"], filename=f"{run_id}-{name}{suffix}", media_type="application/octet-stream"
-    )
-
-
-@router.post("/runs/{run_id}/artifacts/{name}/link")
-async def link(request: Request, run_id: str, name: str):
-    record = _record(request, run_id)
-    _downloadable(request, record, name)
-    sig, exp = request.app.state.links.sign(run_id, name)
-    return {
-        "href": f"/v1/runs/{run_id}/artifacts/{name}?sig={sig}&exp={exp}",
-        "expires_at": iso(exp * 1000),
-    }
-
-
-@router.get("/runs/{run_id}/checkpoints")
-async def checkpoints(request: Request, run_id: str):
-    """The run's checkpoints newest first (formats.md §5.3); `latest` is what a resume picks."""
-    from retrograd.checkpoint.layout import latest_checkpoint, list_checkpoints
-
-    record = _record(request, run_id)
-    directory = record.effective_config.get("checkpoint", {}).get("directory")
-    if directory is None:
-        return {"checkpoints": []}
-    hide = request.app.state.config.redact
-    items = []
-    for c in list_checkpoints(directory):
-        item = {
-            "id": c.id,
-            "path": str(c.path),
-            "kind": c.kind,
-            "global_step": c.global_step,
-            "bytes": c.bytes,
-            "complete": c.complete,
-            "adapter": str(c.adapter) if c.adapter else None,
-            "written_at": iso(int(c.written_at * 1000)) if c.written_at else None,
-        }
-        if hide:
-            item.pop("path")
-            item["adapter"] = c.adapter is not None or None
-        items.append({k: v for k, v in item.items() if v is not None})
-    latest = latest_checkpoint(directory)
-    out: dict[str, Any] = {"checkpoints": items}
-    if latest is not None:
-        out["latest"] = latest.name.removesuffix(".state")
-    if not hide:
-        out["directory"] = directory
-    return out

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.factories.agents import CHAT_TEMPLATE
-from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.run_server import TEXT, RunServer, sft_toml
 from tests.factories.tiny_gguf import write_tiny
 
 TOML = {"Content-Type": "application/toml"}
@@ -36,7 +36,8 @@ def follow(server, run_id, **kw) -> list[tuple[str, dict]]:
 
 def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
     with RunServer(tmp_path / "state") as server, server.client() as c:
-        run = start_run(c, sft_toml(model, tmp_path / "data.txt"), name="first")
+        toml = sft_toml(model, tmp_path / "data.txt", text=TEXT[: len(TEXT) // 2])
+        run = start_run(c, toml, name="first")
         assert run["status"] in ("queued", "starting") and run["name"] == "first"
         assert run["effective_config"]["checkpoint"]["directory"].endswith("checkpoints")
         events = follow(server, run["id"])
@@ -174,8 +175,8 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
 
 
 def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, tmp_path):
-    extra = f'[checkpoint]\ndirectory = "{tmp_path / "ck"}"\nmode = "steps"\nevery_steps = 3'
-    toml = sft_toml(model, tmp_path / "data.txt", epochs=1, extra=extra)
+    extra = f'[checkpoint]\ndirectory = "{tmp_path / "ck"}"\nmode = "steps"\nevery_steps = 2'
+    toml = sft_toml(model, tmp_path / "data.txt", extra=extra, text=TEXT[: len(TEXT) // 2])
     server = RunServer(tmp_path / "state").start()
     try:
         with server.client() as c:

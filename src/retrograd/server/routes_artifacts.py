@@ -1,0 +1,145 @@
+"""What a run wrote, over HTTP (formats.md §9.3, §5.3): artifacts, signed links, checkpoints.
+
+Files download whole (`adapter`, `run`, `events`); folders are listed. A signed link
+(links.py) downloads one artifact for 60 seconds without the token. Paths are left out of the
+listings when the server redacts them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+
+from retrograd.server.guard import CHALLENGE
+from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.server.routes_runs import find_run, server_state
+from retrograd.server.store import RunRecord, iso
+
+router = APIRouter(tags=["artifacts"])
+
+
+def _artifacts(request: Request, record: RunRecord) -> list[dict[str, Any]]:
+    _, store, _ = server_state(request)
+    folder = store.folder(record.id)
+    cfg = record.effective_config
+    places = {
+        "adapter": cfg.get("output", {}).get("path"),
+        "run": str(folder / "run.json"),
+        "events": str(folder / "events.jsonl"),
+        "checkpoints": cfg.get("checkpoint", {}).get("directory"),
+        "tensorboard": cfg.get("metrics", {}).get("tensorboard_dir"),
+        "wandb_export": cfg.get("metrics", {}).get("wandb_export_dir"),
+        "observe": cfg.get("observe", {}).get("directory"),
+    }
+    out = []
+    for name, place in places.items():
+        if place is None:
+            continue
+        path = Path(place)
+        kind = (
+            "directory"
+            if name in ("checkpoints", "tensorboard", "wandb_export", "observe")
+            else "file"
+        )
+        present = path.is_dir() if kind == "directory" else path.is_file()
+        item = {
+            "name": name,
+            "path": str(path),
+            "kind": kind,
+            "present": present,
+            "downloadable": present and kind == "file",
+        }
+        if present and kind == "file":
+            item["bytes"] = path.stat().st_size
+        out.append(item)
+    return out
+
+
+@router.get("/runs/{run_id}/artifacts")
+async def artifacts(request: Request, run_id: str):
+    record = find_run(request, run_id)
+    config = request.app.state.config
+    items = _artifacts(request, record)
+    if config.redact:
+        for item in items:
+            item.pop("path")
+    return {"artifacts": items}
+
+
+def _downloadable(request: Request, record: RunRecord, name: str) -> dict[str, Any]:
+    found = {a["name"]: a for a in _artifacts(request, record)}.get(name)
+    if found is None or not found["downloadable"]:
+        why = "no such artifact" if found is None else "not present, or a directory"
+        raise Problem(
+            "not-found",
+            f"run {record.id} has no downloadable artifact {name!r} ({why})",
+            [FieldError(pointer("name"), "not_found", why)],
+        )
+    return found
+
+
+@router.get("/runs/{run_id}/artifacts/{name}")
+async def artifact(
+    request: Request, run_id: str, name: str, sig: str | None = None, exp: str | None = None
+):
+    if sig is not None and not request.app.state.links.valid(run_id, name, sig, exp):
+        raise Problem(
+            "unauthorized",
+            "the link is expired, or signed for something else; ask for a new one",
+            [FieldError(pointer("sig"), "unauthorized", "invalid or expired signature")],
+            headers=CHALLENGE,
+        )
+    found = _downloadable(request, find_run(request, run_id), name)
+    suffix = {"adapter": ".gguf", "run": ".json", "events": ".jsonl"}.get(name, "")
+    return FileResponse(
+        found["path"], filename=f"{run_id}-{name}{suffix}", media_type="application/octet-stream"
+    )
+
+
+@router.post("/runs/{run_id}/artifacts/{name}/link")
+async def link(request: Request, run_id: str, name: str):
+    record = find_run(request, run_id)
+    _downloadable(request, record, name)
+    sig, exp = request.app.state.links.sign(run_id, name)
+    return {
+        "href": f"/v1/runs/{run_id}/artifacts/{name}?sig={sig}&exp={exp}",
+        "expires_at": iso(exp * 1000),
+    }
+
+
+@router.get("/runs/{run_id}/checkpoints")
+async def checkpoints(request: Request, run_id: str):
+    """The run's checkpoints newest first (formats.md §5.3); `latest` is what a resume picks."""
+    from retrograd.checkpoint.layout import latest_checkpoint, list_checkpoints
+
+    record = find_run(request, run_id)
+    directory = record.effective_config.get("checkpoint", {}).get("directory")
+    if directory is None:
+        return {"checkpoints": []}
+    hide = request.app.state.config.redact
+    items = []
+    for c in list_checkpoints(directory):
+        item = {
+            "id": c.id,
+            "path": str(c.path),
+            "kind": c.kind,
+            "global_step": c.global_step,
+            "bytes": c.bytes,
+            "complete": c.complete,
+            "adapter": str(c.adapter) if c.adapter else None,
+            "written_at": iso(int(c.written_at * 1000)) if c.written_at else None,
+        }
+        if hide:
+            item.pop("path")
+            item["adapter"] = c.adapter is not None or None
+        items.append({k: v for k, v in item.items() if v is not None})
+    latest = latest_checkpoint(directory)
+    out: dict[str, Any] = {"checkpoints": items}
+    if latest is not None:
+        out["latest"] = latest.name.removesuffix(".state")
+    if not hide:
+        out["directory"] = directory
+    return out
