@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 
 import openai
 import pytest
@@ -216,18 +217,53 @@ def statuses_on_disk(server, rid) -> list[tuple[str, str]]:
     return [(e["type"], e.get("status")) for e in map(json.loads, lines) if e["type"] == "status"]
 
 
-def test_shutdown_asks_live_runs_to_checkpoint_and_stop(model, tmp_path):
-    toml = sft_toml(model, tmp_path / "data.txt", epochs=200)
-    server = RunServer(tmp_path / "state").start()
+def test_grpo_run_with_a_catalogue_reward_checkpoints_and_stops_at_shutdown(model, tmp_path):
+    from tests.e2e.test_train_grpo import PROMPTS, REWARD
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    catalogue = (
+        f'[[reward]]\nid = "letters"\ncommand = ["{sys.executable}", "{tmp_path / "reward.py"}"]\n'
+    )
+    document = {
+        "run": {"algorithm": "grpo"},
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v", "ffn_down"]},
+        "training": {"lr": 0.02, "ctx": 64, "micro_batch": 64},
+        "grpo": {
+            "prompts": str(tmp_path / "prompts.jsonl"),
+            "reward": {"id": "letters"},  # the operator's program, referenced by id
+            "updates": 100,  # far more than the test waits for
+            "prompts_per_update": 2,
+            "group_size": 4,
+            "grpo_epochs": 1,
+            "clip_range_low": 0.2,
+            "clip_range_high": 0.28,
+            "kl_coefficient": 0.0,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 3},
+        },
+        "observe": {"directory": str(tmp_path / "observe")},
+    }
+    server = RunServer(tmp_path / "state", toml=catalogue).start()
     with server.client() as c:
-        rid = start_run(c, toml)["id"]
-    events = server.events(rid)
-    wait_for(events, "progress")
-    events.close()
-    server.stop()  # SIGTERM: the run checkpoints at its next boundary and stops
-    record = json.loads((tmp_path / "state" / rid / "run.json").read_text())
-    assert record["status"] == "interrupted"
-    lines = (tmp_path / "state" / rid / "events.jsonl").read_text().splitlines()
-    journal = [json.loads(line) for line in lines]
+        r = c.post("/runs", json={"config": document, "name": "letters"})
+        assert r.status_code == 201, r.text
+        run = r.json()
+        assert run["effective_config"]["grpo"]["reward_command"][-1].endswith("reward.py")
+        assert run["provenance"]["grpo.reward_command"] == {
+            "source": "derived",
+            "reason": "[[reward]] letters",
+        }
+        events = server.events(run["id"])
+        first = wait_for(events, "progress")
+        assert first["iteration"] == 1 and first["iterations"] == 100 and 0 <= first["reward"] <= 1
+        events.close()
+        assert c.get(f"/runs/{run['id']}").json()["observed"] is True
+    server.stop()  # SIGTERM: the live run checkpoints at its next boundary and stops
+    folder = tmp_path / "state" / run["id"]
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    journal = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     assert journal[-2]["type"] == "checkpoint"
     assert (journal[-1]["type"], journal[-1]["status"]) == ("status", "interrupted")
+    assert (tmp_path / "observe" / "observe.jsonl").exists()
