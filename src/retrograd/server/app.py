@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 
 from retrograd import __version__
 from retrograd.server.config import CATALOGUES, ServerConfig
+from retrograd.server.datasets import Datasets
 from retrograd.server.documents import DERIVED
 from retrograd.server.events import QUEUE, Hub
 from retrograd.server.guard import Guard, install_handlers
@@ -66,11 +67,17 @@ def create_app(
     )
     app.state.config, app.state.store, app.state.runs, app.state.hub = config, store, runs, hub
     app.state.links = Links()
+    app.state.datasets = Datasets(
+        config.state_dir / "datasets", config.max_dataset_bytes, config.max_datasets_bytes
+    )
     app.add_middleware(
         Guard,
         token=config.auth_token,
         max_body=config.max_body_bytes,
-        route_limits={CHAT: config.serving.max_body_bytes},
+        route_limits={
+            CHAT: config.serving.max_body_bytes,
+            "/v1/datasets": config.max_dataset_bytes,
+        },
         timeout=config.request_timeout_seconds,
         redact=config.redact,
     )
@@ -78,9 +85,9 @@ def create_app(
     _discovery(app, config)
     if config.serving.enabled:
         model_routes(app, store, runs, serving, config.command_timeout_seconds)
-    from retrograd.server import routes_artifacts, routes_events, routes_runs
+    from retrograd.server import routes_artifacts, routes_datasets, routes_events, routes_runs
 
-    for module in (routes_runs, routes_events, routes_artifacts):
+    for module in (routes_runs, routes_events, routes_artifacts, routes_datasets):
         app.include_router(module.router, prefix="/v1")
     return app
 

@@ -110,9 +110,11 @@ def prepare(
     server: ServerConfig,
     run_dir: Path,
     where: str = "config",
+    datasets=None,
 ) -> Prepared:
     """What `POST /v1/runs` turns into a run; Problem for every refusal. `where` is the JSON
-    pointer of the document in the request ("" for a TOML body)."""
+    pointer of the document in the request ("" for a TOML body); `datasets` (datasets.py)
+    turns a dataset id written where a path goes into its file."""
     prefix = (where,) if where else ()
     provenance: dict[str, dict[str, str]] = {}
     doc = merge(document, params or {})
@@ -121,6 +123,8 @@ def prepare(
     _refuse_declared(doc, prefix)
     _resolve_catalogue(doc, server, prefix, provenance)
     _add_run_folders(doc, run_dir, provenance)
+    if datasets is not None:
+        doc = _dataset_files(doc, datasets)
     base_dir = server.path_roots[0] if server.path_roots else Path.cwd()
     try:
         config = validate_run(doc, source="the run document", base_dir=base_dir)
@@ -128,8 +132,20 @@ def prepare(
         issues = getattr(error, "issues", None)
         errors = issues_to_errors(issues, RunConfig, prefix) if issues else []
         raise Problem("invalid-request", str(error), errors) from None
-    check_paths(config, server, prefix, run_dir)
+    own = [run_dir] + ([datasets.root] if datasets is not None else [])
+    check_paths(config, server, prefix, own)
     return Prepared(doc, config, provenance, base_dir)
+
+
+def _dataset_files(value: Any, datasets) -> Any:
+    """The document with every known dataset id (`ds_...`) replaced by its file's path."""
+    if isinstance(value, dict):
+        return {k: _dataset_files(v, datasets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dataset_files(v, datasets) for v in value]
+    if isinstance(value, str) and value.startswith("ds_") and datasets.view(value) is not None:
+        return str(datasets.data_path(value))
+    return value
 
 
 def _leaves(doc: Any, at: tuple[str, ...], source: str, out: dict[str, dict[str, str]]) -> None:
@@ -264,14 +280,46 @@ def inside(path: Path, root: Path) -> bool:
     return Path(path).resolve().is_relative_to(Path(root).resolve())
 
 
+def check_file(path: Path, server: ServerConfig, place: tuple[str, ...]) -> Path:
+    """A file a request names (relative: against the first path root), refused like a run's
+    paths when outside the roots or missing."""
+    base = server.path_roots[0] if server.path_roots else Path.cwd()
+    path = path if path.is_absolute() else base / path
+    where = pointer(*place)
+    key = ".".join(place)
+    if not server.local_paths:
+        raise Problem(
+            "forbidden-path",
+            "this server takes no local paths",
+            [FieldError(where, "needs_opt_in", f"{key}: allow_local_paths = false")],
+        )
+    if server.path_roots and not any(inside(path, root) for root in server.path_roots):
+        raise Problem(
+            "forbidden-path",
+            "the request names a path the server may not use",
+            [
+                FieldError(
+                    where, "forbidden_path", f"{key} = {path}: outside the server's path_roots"
+                )
+            ],
+        )
+    if not path.is_file():
+        raise Problem(
+            "invalid-request",
+            "the request names a file that does not exist",
+            [FieldError(where, "path_not_found", f"{path}: no such file")],
+        )
+    return path
+
+
 def check_paths(
-    config: RunConfig, server: ServerConfig, prefix: tuple[str, ...], run_dir: Path
+    config: RunConfig, server: ServerConfig, prefix: tuple[str, ...], own: list[Path]
 ) -> None:
     """Every path of the run inside a path root (the run's own folder always is), none at all
     when the server does not take local paths; then every file the run reads must exist."""
     errors = []
     for place, path in config_paths(config):
-        if inside(path, run_dir):
+        if any(inside(path, folder) for folder in own):  # the run's folder, the datasets
             continue
         where = pointer(*prefix, *place)
         key = ".".join(str(p) for p in place)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retrograd.errors import RetrogradError
 from retrograd.server.links import signed_request
 from retrograd.server.problems import MEDIA_TYPE, FieldError, Problem, pointer, unknown_field
 
@@ -163,6 +164,12 @@ def install_handlers(app: FastAPI, redact: bool) -> None:
             )
         else:
             problem = Problem("invalid-request", str(error.detail))
+        return problem_response(problem, trace_of(request), redact)
+
+    @app.exception_handler(RetrogradError)
+    async def on_input(request: Request, error: RetrogradError):
+        # what a handler read (a model, a data file) is wrong: the request's fault, said plainly
+        problem = Problem("invalid-request", str(error))
         return problem_response(problem, trace_of(request), redact)
 
     @app.exception_handler(Exception)

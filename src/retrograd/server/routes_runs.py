@@ -128,7 +128,8 @@ def _dry(prepared) -> dict[str, Any]:
 async def plan(request: Request):
     config, store, _ = server_state(request)
     document, params, _name, where = await _run_request(request)
-    return _dry(prepare(document, params, config, store.folder("run_plan"), where))
+    folder = store.folder("run_plan")
+    return _dry(prepare(document, params, config, folder, where, request.app.state.datasets))
 
 
 @router.post("/runs", status_code=201)
@@ -143,7 +144,8 @@ async def create_run(request: Request, response: Response, dry_run: bool = False
                     return view(record, runs)
     document, params, name, where = await _run_request(request)
     run_id = new_run_id()
-    prepared = prepare(document, params, config, store.folder(run_id).resolve(), where)
+    folder = store.folder(run_id).resolve()
+    prepared = prepare(document, params, config, folder, where, request.app.state.datasets)
     if dry_run:
         response.status_code = 200
         return _dry(prepared)

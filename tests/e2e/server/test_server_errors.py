@@ -3,6 +3,7 @@ server (token, path roots, a small body limit, a catalogue), and path escapes re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -10,7 +11,7 @@ import socket
 import httpx
 import pytest
 
-from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.run_server import TEXT, RunServer, sft_toml
 from tests.factories.tiny_gguf import write_tiny
 
 TOKEN = "s3cret-token"
@@ -290,3 +291,69 @@ def test_missing_inputs_are_refused_and_a_run_that_fails_says_why(setup):
         view = c.get(f"/runs/{run['id']}").json()
         assert view["status"] == "failed" and view["error"] == end["error"]
         assert c.delete(f"/runs/{run['id']}").status_code == 204
+
+
+def test_datasets_by_content_preview_tokenize_and_use(setup):
+    server, root, outside, model = setup
+    chats = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    ]
+    ndjson = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chats)
+    lines = {"Content-Type": "application/x-ndjson"}
+    with server.client() as c:
+        r = c.post("/datasets", content=ndjson, headers=lines, params={"name": "tiny chats"})
+        assert r.status_code == 201, r.text
+        chat = r.json()
+        assert (
+            chat["id"] == "ds_" + chat["sha256"]
+            and chat["sha256"] == hashlib.sha256(ndjson.encode()).hexdigest()
+        )
+        assert (chat["format"], chat["examples"], chat["name"]) == ("chat-jsonl", 2, "tiny chats")
+        assert chat["stats"] == {"measured": False}
+        again = c.post("/datasets", json=chats)  # the same records as a JSON array
+        assert again.status_code == 200 and again.json()["id"] == chat["id"]
+
+        text = c.post("/datasets", content=TEXT, headers={"Content-Type": "text/plain"}).json()
+        assert (text["format"], text["examples"]) == ("text", 1)
+        pair = {"prompt": chats[0]["messages"][:1], "chosen": chats[0]["messages"][1:],
+                "rejected": chats[1]["messages"][1:]}  # fmt: skip
+        r = c.post("/datasets", content=json.dumps(pair), headers=lines)
+        doc = problem(r, 422, "invalid-request")
+        assert codes(doc) == [("/0", "unsupported_format")] and "preference-jsonl" in r.text
+        r = c.post("/datasets", content=json.dumps(pair), headers=lines,
+                   params={"format": "preference-jsonl"})  # fmt: skip
+        assert r.status_code == 201 and r.json()["format"] == "preference-jsonl"
+        r = c.post("/datasets", content=ndjson + "{oops\n", headers=lines)
+        assert codes(problem(r, 422, "invalid-request")) == [("/line/3", "unsupported_format")]
+        problem(c.post("/datasets", content=b"x", headers={"Content-Type": "image/png"}), 415,
+                "unsupported-media-type")  # fmt: skip
+
+        listed = c.get("/datasets", params={"limit": 2}).json()
+        assert len(listed["datasets"]) == 2 and listed["next_cursor"]
+        rest = c.get("/datasets", params={"cursor": listed["next_cursor"]}).json()["datasets"]
+        assert {d["id"] for d in listed["datasets"] + rest} >= {chat["id"], text["id"]}
+        preview = c.get(f"/datasets/{chat['id']}/preview", params={"limit": 1}).json()
+        assert preview["examples"] == chats[:1]
+
+        measured = c.post(f"/datasets/{text['id']}/tokenize", json={"model": str(model)}).json()
+        stats = measured["stats"]
+        assert stats["measured"] and stats["total_tokens"] == stats["max"] > 100
+        assert measured["truncation"]["128"] == 1.0 and measured["truncation"]["8192"] == 0.0
+        assert c.get(f"/datasets/{text['id']}").json()["stats"] == stats
+        r = c.post(f"/datasets/{chat['id']}/tokenize", json={"model": str(model)})
+        assert "no chat template" in problem(r, 422, "invalid-request")["detail"]
+        r = c.post(f"/datasets/{text['id']}/tokenize", json={"model": str(outside / "m.gguf")})
+        assert codes(problem(r, 403, "forbidden-path")) == [("/model", "forbidden_path")]
+
+        # a run names the dataset where its file goes
+        toml = sft_toml(model, root / "data.txt").replace(
+            f'data = "{root / "data.txt"}"', f'data = "{text["id"]}"'
+        )
+        r = c.post("/runs", content=toml, headers={"Content-Type": "application/toml"},
+                   params={"dry_run": "true"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["effective_config"]["sft"]["data"].endswith(f"{text['id']}/data.txt")
+
+        assert c.delete(f"/datasets/{chat['id']}").status_code == 204
+        problem(c.get(f"/datasets/{chat['id']}"), 404, "not-found")
