@@ -39,7 +39,9 @@ class RunServer:
         self.url = ""
 
     def start(self) -> RunServer:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        # the runs' fused kernels run eagerly: compiling them costs seconds a process, and the
+        # server is what these tests are about (tests/unit/test_compiled.py checks the kernels)
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RETRO_COMPILE": "0"}
         if self.token is not None:
             env["RETROGRAD_SERVER_TOKEN"] = self.token
         self.proc = subprocess.Popen(
