@@ -39,6 +39,7 @@ class RunServer:
         self.url = ""
 
     def start(self) -> RunServer:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
         # the runs' fused kernels run eagerly: compiling them costs seconds a process, and the
         # server is what these tests are about (tests/unit/test_compiled.py checks the kernels)
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RETRO_COMPILE": "0"}

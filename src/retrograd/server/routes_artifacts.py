@@ -1,4 +1,5 @@
-"""What a run wrote, over HTTP (formats.md §9.3, §5.3): artifacts, signed links, checkpoints.
+"""What a run wrote, over HTTP (formats.md §9.3, §5.3): artifacts, signed links, checkpoints,
+trajectories.
 
 Files download whole (`adapter`, `run`, `events`); folders are listed. A signed link
 (links.py) downloads one artifact for 60 seconds without the token. Paths are left out of the
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from retrograd.server.guard import CHALLENGE
@@ -143,3 +144,52 @@ async def checkpoints(request: Request, run_id: str):
     if not hide:
         out["directory"] = directory
     return out
+
+
+# -- trajectories: the run's rollouts, from its [observe] feed (trajectories.py) --------------
+
+
+def _trajectories(request: Request, run_id: str):
+    from retrograd.server.trajectories import Trajectories
+
+    record = find_run(request, run_id)
+    observe = record.effective_config.get("observe")
+    return (Trajectories(Path(observe["directory"])), observe) if observe else (None, None)
+
+
+@router.get("/runs/{run_id}/trajectories")
+async def trajectories(request: Request, run_id: str):
+    found, observe = _trajectories(request, run_id)
+    if found is None:
+        return {"observed": False, "segments": [], "skipped": 0, "updates": []}
+    return found.overview(observe.get("every"))
+
+
+@router.get("/runs/{run_id}/trajectories/updates/{update}")
+async def trajectory_update(
+    request: Request,
+    run_id: str,
+    update: int,
+    cursor: int = Query(0, ge=0),
+    limit: int = Query(50, ge=1, le=500),
+    preview_chars: int = Query(400, ge=0),
+):
+    found, _ = _trajectories(request, run_id)
+    if found is None:
+        raise _not_observed(run_id)
+    return found.groups(update, cursor, limit, preview_chars)
+
+
+@router.get("/runs/{run_id}/trajectories/updates/{update}/groups/{group}")
+async def trajectory_group(
+    request: Request, run_id: str, update: int, group: str, member: int | None = None
+):
+    found, _ = _trajectories(request, run_id)
+    if found is None:
+        raise _not_observed(run_id)
+    return found.group(update, group, member)
+
+
+def _not_observed(run_id: str) -> Problem:
+    message = f"run {run_id} records no rollouts (no [observe])"
+    return Problem("not-found", message, [FieldError(pointer("id"), "not_found", message)])

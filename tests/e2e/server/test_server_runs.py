@@ -217,7 +217,7 @@ def statuses_on_disk(server, rid) -> list[tuple[str, str]]:
     return [(e["type"], e.get("status")) for e in map(json.loads, lines) if e["type"] == "status"]
 
 
-def test_grpo_run_with_a_catalogue_reward_checkpoints_and_stops_at_shutdown(model, tmp_path):
+def test_grpo_run_with_a_catalogue_reward_stops_at_shutdown_and_shows_its_rollouts(model, tmp_path):
     from tests.e2e.test_train_grpo import PROMPTS, REWARD
 
     (tmp_path / "reward.py").write_text(REWARD)
@@ -258,6 +258,7 @@ def test_grpo_run_with_a_catalogue_reward_checkpoints_and_stops_at_shutdown(mode
         events = server.events(run["id"])
         first = wait_for(events, "progress")
         assert first["iteration"] == 1 and first["iterations"] == 100 and 0 <= first["reward"] <= 1
+        assert wait_for(events, "progress")["iteration"] == 2  # update 1 is recorded whole
         events.close()
         assert c.get(f"/runs/{run['id']}").json()["observed"] is True
     server.stop()  # SIGTERM: the live run checkpoints at its next boundary and stops
@@ -267,3 +268,33 @@ def test_grpo_run_with_a_catalogue_reward_checkpoints_and_stops_at_shutdown(mode
     assert journal[-2]["type"] == "checkpoint"
     assert (journal[-1]["type"], journal[-1]["status"]) == ("status", "interrupted")
     assert (tmp_path / "observe" / "observe.jsonl").exists()
+
+    # its rollouts, read back by a new server from the [observe] feed
+    with server, server.client() as c:  # started again on the same state
+        rid = run["id"]
+        seen = c.get(f"/runs/{rid}/trajectories").json()
+        assert seen["observed"] and seen["algorithm"] == "grpo" and seen["every"] == 1
+        one = next(u for u in seen["updates"] if u["update"] == 1)
+        assert (one["status"], one["groups"], one["rollouts"], one["texts"]) == (
+            "completed",
+            2,
+            8,
+            True,
+        )
+        assert 0 <= one["reward_min"] <= one["reward_mean"] <= one["reward_max"] <= 1
+        page = c.get(f"/runs/{rid}/trajectories/updates/1", params={"limit": 1}).json()
+        assert len(page["groups"]) == 1 and page["next_cursor"] == "1"
+        group = page["groups"][0]
+        assert group["members"] == 4 and group["prompt"] in PROMPTS
+        rest = c.get(f"/runs/{rid}/trajectories/updates/1", params={"cursor": 1}).json()
+        assert len(rest["groups"]) == 1 and "next_cursor" not in rest
+        detail = c.get(f"/runs/{rid}/trajectories/updates/1/groups/{group['group']}").json()
+        assert detail["prompt"]["messages"][0]["content"] == group["prompt"]
+        assert [m["summary"]["member"] for m in detail["members"]] == [0, 1, 2, 3]
+        assert all(isinstance(m["completion"], str) for m in detail["members"])
+        only = c.get(
+            f"/runs/{rid}/trajectories/updates/1/groups/{group['group']}", params={"member": 2}
+        ).json()
+        assert [m["summary"]["member"] for m in only["members"]] == [2]
+        missing = c.get(f"/runs/{rid}/trajectories/updates/999")
+        assert missing.status_code == 404
