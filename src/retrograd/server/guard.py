@@ -40,8 +40,10 @@ def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONRespo
 
 
 def _untimed(path: str) -> bool:
-    """Event streams, and requests that may wait for a run's boundary or a model's load
-    (bounded by command_timeout_seconds where a run answers)."""
+    """Event streams, downloads (an adapter may be large), and requests that may wait for a
+    run's boundary or a model's load (bounded by command_timeout_seconds where a run answers)."""
+    if "/artifacts/" in path:
+        return True
     return path.endswith(("/events", "/generate", "/evaluate", "/chat/completions"))
 
 

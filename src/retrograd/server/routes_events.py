@@ -54,6 +54,7 @@ async def run_events(request: Request, run_id: str, since: int | None = Query(No
     async def stream():
         last = first
         try:
+            yield f": events of run {run_id}\n\n"  # headers go out now, not with the first event
             for event in replay:
                 yield frame(event)
                 last = event["seq"]
