@@ -7,8 +7,9 @@ the algorithm's loop with `ServerSinks`. What the loop reports goes to the serve
 on the process's original stdout (fd 1 is pointed at stderr, so that nothing else can write
 there); the server's commands arrive as JSON lines on stdin and are acted on at the loop's next
 progress callback (the boundary: after an optimizer step): pause, resume, cancel (with or without
-a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), generate (an answer
-from the weights as they are, sent back under the request's id; a paused run answers too). When stdin closes
+a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), generate, chat and
+evaluate (answers from the weights as they are, sent back under the request's id; a paused run
+answers too). When stdin closes
 the server is gone and the process ends at once. The server never reads this module's memory.
 """
 
@@ -128,7 +129,7 @@ class ServerSinks(Sinks):
                     raise Stop(outcome)
             elif op == "pause":
                 self._pause()
-            elif op in ("generate", "chat"):
+            elif op in ("generate", "chat", "evaluate"):
                 self._answer(command)
 
     def _answer(self, command: dict[str, Any]) -> None:
@@ -141,8 +142,8 @@ class ServerSinks(Sinks):
                 status, body = self.live.complete(command["request"])
                 self.channel.send("answer", request_id=rid, body=body, status=status)
             else:
-                body = {**self.position, **self.live.generate(command["request"])}
-                self.channel.send("answer", request_id=rid, body=body)
+                asked = getattr(self.live, command["op"])(command["request"])
+                self.channel.send("answer", request_id=rid, body={**self.position, **asked})
         except Exception as error:  # the request's failure, not the run's
             self.channel.send("answer", request_id=rid, error=f"{type(error).__name__}: {error}")
 
@@ -152,7 +153,7 @@ class ServerSinks(Sinks):
         self.channel.send("paused")
         while True:
             later = self.channel.wait()
-            for command in [c for c in later if c.get("op") in ("generate", "chat")]:
+            for command in [c for c in later if c.get("op") in ("generate", "chat", "evaluate")]:
                 self._answer(command)  # a paused run still answers with its weights
             ops = {c.get("op") for c in later}
             if ops & {"resume", "cancel", "stop"}:
@@ -200,6 +201,7 @@ class LiveModel:
         self.cfg, self.model, self.plan = cfg, model, plan
         self.sampler = None
         self.ctx = 0  # the answers' context, with `chat` (the format) set by _ready
+        self.held = None  # an SFT run's evaluation data, loaded when first asked for
 
     def _ready(self) -> None:
         from retrograd.algorithms.context import chat_format
@@ -231,6 +233,24 @@ class LiveModel:
         message, finish = proto.message_of(answer.text, parsed)
         usage = proto.usage_of(answer)
         return 200, proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
+
+    def evaluate(self, _request: dict[str, Any]) -> dict[str, Any]:
+        """An SFT run's loss on its [evaluation] data with the weights as they are; the run's
+        own evaluations (best checkpoint, patience) are not touched."""
+        from retrograd.algorithms.evaluate import perplexity, sft_loss
+        from retrograd.algorithms.sft import load_data
+
+        if self.held is None:
+            self.held = load_data(self.cfg, self.model)[1]
+        t = self.cfg.training
+        loss, _ = sft_loss(
+            self.model.decoder,
+            self.held,
+            seq_chunk=t.chunked_ce_seq_chunk,
+            chunked=t.chunked_cross_entropy,
+            tiles=t.chunked_ce_tiles,
+        )
+        return {"examples": len(self.held.examples), "loss": loss, "perplexity": perplexity(loss)}
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         from retrograd.sampling import SampleRequest, SamplingParams

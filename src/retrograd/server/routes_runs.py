@@ -312,9 +312,12 @@ class GenerateRequest(BaseModel):
 @router.post("/runs/{run_id}/generate")
 async def generate(request: Request, run_id: str, body: GenerateRequest):
     """An answer from the run's weights as they are at its next boundary (paused runs too)."""
+    return await _ask(request, run_id, "generate", body.model_dump(exclude_none=True))
+
+
+async def _ask(request: Request, run_id: str, op: str, asked: dict[str, Any]) -> dict[str, Any]:
     config, _, runs = server_state(request)
-    record = find_run(request, run_id)
-    waiting = runs.ask(record, "generate", body.model_dump(exclude_none=True))
+    waiting = runs.ask(find_run(request, run_id), op, asked)
     try:
         reply = await asyncio.wait_for(asyncio.wrap_future(waiting), config.command_timeout_seconds)
     except TimeoutError:
@@ -323,15 +326,25 @@ async def generate(request: Request, run_id: str, body: GenerateRequest):
             f"run {run_id} reached no boundary within {config.command_timeout_seconds:g} s",
         ) from None
     if "error" in reply:
-        raise Problem(
-            "invalid-request",
-            f"the run could not answer: {reply['error']}",
-            [FieldError(pointer("prompt"), "invalid_value", reply["error"])],
-        )
+        raise Problem("invalid-request", f"the run could not answer: {reply['error']}")
     return {"id": run_id, **reply["body"]}
 
 
 @router.post("/runs/{run_id}/evaluate")
 async def evaluate(request: Request, run_id: str):
-    find_run(request, run_id)
-    raise Problem("not-implemented", "evaluating a live run is not built yet on this server")
+    """An SFT run's loss on its [evaluation] data at its next boundary; neither its best
+    checkpoint nor its patience see it."""
+    record = find_run(request, run_id)
+    read_json_object(await request.body(), ())
+    if record.algorithm != "sft":
+        raise Problem(
+            "not-implemented",
+            f"evaluating a live {record.algorithm} run is not built yet (sft runs are)",
+        )
+    if "evaluation" not in record.effective_config:
+        raise Problem(
+            "conflict",
+            f"run {run_id} has no [evaluation] data to evaluate on",
+            [FieldError(pointer("id"), "conflict", "the run has no [evaluation]")],
+        )
+    return await _ask(request, run_id, "evaluate", {})

@@ -255,6 +255,9 @@ def test_conflicts_patch_whitelist_and_idempotency(setup):
         r = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1, "epochs": 3}})
         assert codes(problem(r, 409, "conflict")) == [("/training/epochs", "override_conflict")]
         problem(c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1}}), 501, "not-implemented")
+        assert codes(problem(c.post(f"/runs/{rid}/evaluate"), 409, "conflict")) == [
+            ("/id", "conflict")
+        ]  # no [evaluation]
         r = c.post(f"/runs/{rid}/cancel", json={"at": "now", "checkpoint": True})
         assert codes(problem(r, 422, "invalid-request")) == [("/checkpoint", "invalid_value")]
         assert c.post(f"/runs/{rid}/cancel", json={"at": "now"}).status_code == 202

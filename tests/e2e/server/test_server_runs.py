@@ -114,7 +114,9 @@ def wait_for(events, kind: str, **match):
 
 
 def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, tmp_path):
-    toml = sft_toml(model, tmp_path / "data.txt", epochs=200)  # far longer than the test
+    data = tmp_path / "data.txt"
+    held = f'[evaluation]\ndata = "{data}"\nevery_iterations = 1000'  # for evaluate only
+    toml = sft_toml(model, data, epochs=200, extra=held)  # far longer than the test
     with RunServer(tmp_path / "state") as server, server.client() as c:
         run = start_run(c, toml)
         rid = run["id"]
@@ -145,6 +147,9 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
         )
         pieces = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
         assert "".join(pieces) == live.choices[0].message.content  # greedy: the same answer
+        measured = c.post(f"/runs/{rid}/evaluate").json()
+        assert (measured["global_step"], measured["examples"]) == (step, 18)
+        assert 0 < measured["loss"] < 20 and measured["perplexity"] > 1
         assert c.get(f"/runs/{rid}").json()["progress"]["global_step"] == step  # still paused
 
         assert c.post(f"/runs/{rid}/resume").status_code == 202
