@@ -29,6 +29,7 @@ from retrograd.server.runner import Runs
 from retrograd.server.serving import CHAT, Serving, model_routes
 from retrograd.server.store import RunStore
 
+DATASETS = "/v1/datasets"  # uploads: their own body limit, a limit on silences, no time limit
 SHUTDOWN_SECONDS = 600  # formats.md §9.1: live runs get this long to checkpoint and stop
 
 
@@ -74,10 +75,8 @@ def create_app(
         Guard,
         token=config.auth_token,
         max_body=config.max_body_bytes,
-        route_limits={
-            CHAT: config.serving.max_body_bytes,
-            "/v1/datasets": config.max_dataset_bytes,
-        },
+        route_limits={CHAT: config.serving.max_body_bytes, DATASETS: config.max_dataset_bytes},
+        idle_limits={DATASETS: config.upload_idle_timeout_seconds},
         timeout=config.request_timeout_seconds,
         redact=config.redact,
     )

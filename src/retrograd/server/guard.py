@@ -57,11 +57,13 @@ class Guard:
         timeout: float,
         redact: bool,
         route_limits: dict[str, int] | None = None,
+        idle_limits: dict[str, float] | None = None,
     ):
         self.app = app
         self.token = token
         self.max_body = max_body
-        self.route_limits = route_limits or {}
+        self.route_limits = route_limits or {}  # path -> its body limit, if not max_body
+        self.idle_limits = idle_limits or {}  # path -> longest silence of an upload's body
         self.timeout = timeout
         self.redact = redact
 
@@ -99,9 +101,17 @@ class Guard:
             return await refuse(self._too_large(limit))
         received = 0
 
+        idle = self.idle_limits.get(path)
+
         async def counted():
             nonlocal received
-            message = await receive()
+            if idle is None:
+                message = await receive()
+            else:  # an upload: bounded by its silences, not its length
+                try:
+                    message = await asyncio.wait_for(receive(), idle)
+                except TimeoutError:
+                    raise Problem("timeout", f"the upload sent nothing for {idle:g} s") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
@@ -117,7 +127,7 @@ class Guard:
                 message.setdefault("headers", []).append((b"trace-id", trace_id.encode()))
             await send(message)
 
-        if _untimed(path):
+        if _untimed(path) or idle is not None:
             return await self.app(scope, counted, tracked)
         try:
             await asyncio.wait_for(self.app(scope, counted, tracked), self.timeout)

@@ -28,6 +28,7 @@ def setup(tmp_path_factory):
 path_roots = ["{root}"]
 max_body_bytes = "64KiB"
 request_timeout_seconds = 2
+upload_idle_timeout_seconds = 1
 redact_error_paths = true
 [[reward]]
 id = "plurals"
@@ -101,13 +102,13 @@ def test_routes_methods_media_and_sizes(setup):
         problem(r, 501, "not-implemented")
 
 
-def test_slow_request_times_out(setup):
-    server = setup[0]
+def stalled(server, path: str, media: str) -> tuple[bytes, dict]:
+    """A POST whose body stops after one byte: the status line and the problem it got."""
     host, port = server.url.split("//")[1].split("/")[0].split(":")
     with socket.create_connection((host, int(port))) as raw:
         head = (
-            "POST /v1/runs HTTP/1.1\r\nHost: x\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: {media}\r\n"
             "Content-Length: 100\r\n\r\n{"
         )
         raw.sendall(head.encode())  # then nothing: the body never completes
@@ -118,9 +119,15 @@ def test_slow_request_times_out(setup):
                 break
             answer += chunk
     status_line, _, rest = answer.partition(b"\r\n")
-    assert b" 504 " in status_line, answer
-    doc = json.loads(rest.split(b"\r\n\r\n", 1)[1])
-    assert doc["type"].endswith("/timeout") and doc["errors"] == []
+    return status_line, json.loads(rest.split(b"\r\n\r\n", 1)[1])
+
+
+def test_slow_requests_and_stalled_uploads_time_out(setup):
+    server = setup[0]
+    status, doc = stalled(server, "/v1/runs", "application/json")  # request_timeout_seconds
+    assert b" 504 " in status and doc["type"].endswith("/timeout") and doc["errors"] == []
+    status, doc = stalled(server, "/v1/datasets", "application/x-ndjson")  # upload idle
+    assert b" 504 " in status and "sent nothing for 1 s" in doc["detail"]
 
 
 def test_invalid_documents_name_the_place_and_the_closest_key(setup):
