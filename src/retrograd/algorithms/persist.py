@@ -222,6 +222,11 @@ class Sinks:
         server's sinks say so when a client asks for one)."""
         return False
 
+    def checkpoint_section(self, cfg):
+        """The [checkpoint] the run follows now: the file's, or what a client changed it to
+        during the run (the run server's sinks)."""
+        return cfg.checkpoint
+
 
 def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs (base
@@ -431,10 +436,11 @@ def _checkpoint_array(param: torch.Tensor) -> np.ndarray:
     return p.numpy() if p.dtype in (torch.float32, torch.float16) else p.float().numpy()
 
 
-def checkpoint_due(cfg, before: int, after: int) -> bool:
+def checkpoint_due(cfg, before: int, after: int, section=None) -> bool:
     """Whether a `steps` checkpoint falls in optimizer steps (before, after]: a loop that
-    makes several steps between two points where it can stop checks them at once."""
-    ck = cfg.checkpoint
+    makes several steps between two points where it can stop checks them at once. `section`
+    replaces cfg.checkpoint (Sinks.checkpoint_section)."""
+    ck = cfg.checkpoint if section is None else section
     if ck is None or ck.mode not in ("steps", "steps_and_best_eval"):
         return False
     return after // ck.every_steps > before // ck.every_steps
@@ -446,11 +452,12 @@ def maybe_checkpoint(
     """A `steps` checkpoint when one is due at mark.global_step (or anywhere after `before`),
     or when the sinks ask for one."""
     before = mark.global_step - 1 if before is None else before
-    requested = cfg.checkpoint is not None and sinks.checkpoint_requested()
-    if not (checkpoint_due(cfg, before, mark.global_step) or requested):
+    ck = sinks.checkpoint_section(cfg)
+    requested = ck is not None and sinks.checkpoint_requested()
+    if not (checkpoint_due(cfg, before, mark.global_step, ck) or requested):
         return
     path = save_checkpoint(
-        cfg.checkpoint.directory,
+        ck.directory,
         step_id(mark.global_step),
         _state(cfg, run, mark, named, optimizer, plan, patience, total),
     )
@@ -458,7 +465,7 @@ def maybe_checkpoint(
 
 
 def save_best(cfg, run, mark: Mark, named, optimizer, plan, patience, total, sinks) -> None:
-    ck = cfg.checkpoint
+    ck = sinks.checkpoint_section(cfg)
     if ck is None or ck.mode not in ("best_eval", "steps_and_best_eval"):
         return
     path = save_checkpoint(

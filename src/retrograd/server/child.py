@@ -84,6 +84,7 @@ class ServerSinks(Sinks):
         self.want_checkpoint = False
         self.stop_after_checkpoint: str | None = None
         self.pause_after_checkpoint = False
+        self.patched: dict[str, Any] = {}  # [checkpoint] keys a client changed (PATCH)
 
     def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
         super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
@@ -129,7 +130,7 @@ class ServerSinks(Sinks):
                     raise Stop(outcome)
             elif op == "pause":
                 self._pause()
-            elif op in ("generate", "chat", "evaluate"):
+            elif op in ("generate", "chat", "evaluate", "patch"):
                 self._answer(command)
 
     def _answer(self, command: dict[str, Any]) -> None:
@@ -142,7 +143,8 @@ class ServerSinks(Sinks):
                 status, body = self.live.complete(command["request"])
                 self.channel.send("answer", request_id=rid, body=body, status=status)
             else:
-                asked = getattr(self.live, command["op"])(command["request"])
+                owner = self if command["op"] == "patch" else self.live
+                asked = getattr(owner, command["op"])(command["request"])
                 self.channel.send("answer", request_id=rid, body={**self.position, **asked})
         except Exception as error:  # the request's failure, not the run's
             self.channel.send("answer", request_id=rid, error=f"{type(error).__name__}: {error}")
@@ -153,7 +155,8 @@ class ServerSinks(Sinks):
         self.channel.send("paused")
         while True:
             later = self.channel.wait()
-            for command in [c for c in later if c.get("op") in ("generate", "chat", "evaluate")]:
+            asked = ("generate", "chat", "evaluate", "patch")
+            for command in [c for c in later if c.get("op") in asked]:
                 self._answer(command)  # a paused run still answers with its weights
             ops = {c.get("op") for c in later}
             if ops & {"resume", "cancel", "stop"}:
@@ -167,6 +170,15 @@ class ServerSinks(Sinks):
 
     def checkpoint_requested(self) -> bool:
         return self.want_checkpoint
+
+    def checkpoint_section(self, cfg):
+        ck = cfg.checkpoint
+        return ck.model_copy(update=self.patched) if ck is not None and self.patched else ck
+
+    def patch(self, request: dict[str, Any]) -> dict[str, Any]:
+        """New [checkpoint] keys, followed from this boundary on (the server checked them)."""
+        self.patched.update(request.get("checkpoint", {}))
+        return {"applied": [f"checkpoint.{k}" for k in request.get("checkpoint", {})]}
 
     def checkpoint(self, path: Path, global_step: int) -> None:
         super().checkpoint(path, global_step)

@@ -16,12 +16,14 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from retrograd.config import RunConfig, validate_run
 from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
-from retrograd.server.documents import PATCHABLE, prepare
+from retrograd.server.documents import PATCHABLE, merge, prepare
 from retrograd.server.guard import read_json_object
-from retrograd.server.problems import FieldError, Problem, pointer
-from retrograd.server.store import FINISHED, RunRecord, iso, new_run_id, now_ms
+from retrograd.server.problems import FieldError, Problem, issues_to_errors, pointer
+from retrograd.server.runner import LIVE
+from retrograd.server.store import FINISHED, TERMINAL, RunRecord, iso, new_run_id, now_ms
 
 router = APIRouter(tags=["runs"])
 REQUEST_FIELDS = ("config", "params", "name", "recipe", "fork_from")
@@ -275,7 +277,11 @@ async def cancel(request: Request, run_id: str):
 
 @router.patch("/runs/{run_id}")
 async def patch(request: Request, run_id: str):
-    find_run(request, run_id)
+    """Whitelisted keys changed during a run (formats.md §9.3): [checkpoint] every_steps and
+    mode, followed from the run's next boundary and kept for its resume. training.lr and
+    [evaluation] are on the whitelist but cannot change yet (501)."""
+    config, store, runs = server_state(request)
+    record = find_run(request, run_id)
     body = read_json_object(await request.body(), tuple(PATCHABLE))
     errors = []
     for section, table in body.items():
@@ -292,7 +298,31 @@ async def patch(request: Request, run_id: str):
                 )
     if errors:
         raise Problem("conflict", "only the whitelisted keys change during a run", errors)
-    raise Problem("not-implemented", "patching a live run is not built yet on this server")
+    unbuilt = [f"{s}.{k}" for s, table in body.items() if s != "checkpoint" for k in table]
+    if unbuilt:
+        raise Problem("not-implemented", f"{', '.join(unbuilt)}: not changeable yet on this server")
+    if record.status in TERMINAL:
+        raise Problem("conflict", f"run {run_id} is {record.status}")
+    changed = body.get("checkpoint", {})
+    document = merge(record.document, {"checkpoint": changed})
+    try:  # the run file as it would be: every rule still holds (best_eval needs [evaluation])
+        cfg = validate_run(document, source="the patched run", base_dir=record.base_dir)
+    except ConfigError as error:
+        issues = getattr(error, "issues", None) or []
+        raise Problem("invalid-request", str(error), issues_to_errors(issues, RunConfig)) from None
+    applied: dict[str, Any] = {"applied": [f"checkpoint.{k}" for k in changed]}
+    if record.id in runs.live and record.status in LIVE:
+        applied = await _ask(request, run_id, "patch", {"checkpoint": changed})
+    with store.lock:
+        record.document = document
+        record.effective_config = cfg.model_dump(mode="json", exclude_none=True)
+        for key in changed:
+            record.provenance[f"checkpoint.{key}"] = {"source": "override", "reason": "PATCH"}
+        store.save(record)
+    out = _accepted(record, applied["applied"])
+    if "iteration" in applied:
+        out["applies_at_iteration"] = applied["iteration"]
+    return out
 
 
 class GenerateRequest(BaseModel):

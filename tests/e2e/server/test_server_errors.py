@@ -262,6 +262,9 @@ def test_conflicts_patch_whitelist_and_idempotency(setup):
         r = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1, "epochs": 3}})
         assert codes(problem(r, 409, "conflict")) == [("/training/epochs", "override_conflict")]
         problem(c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1}}), 501, "not-implemented")
+        r = c.patch(f"/runs/{rid}", json={"checkpoint": {"mode": "best_eval"}})
+        doc = problem(r, 422, "invalid-request")  # best_eval needs [evaluation]
+        assert "evaluation" in doc["detail"]
         assert codes(problem(c.post(f"/runs/{rid}/evaluate"), 409, "conflict")) == [
             ("/id", "conflict")
         ]  # no [evaluation]

@@ -152,8 +152,20 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
         assert 0 < measured["loss"] < 20 and measured["perplexity"] > 1
         assert c.get(f"/runs/{rid}").json()["progress"]["global_step"] == step  # still paused
 
+        # from the next boundary on, a checkpoint every 3 steps instead of 50; kept on disk
+        patched = c.patch(f"/runs/{rid}", json={"checkpoint": {"every_steps": 3}}).json()
+        assert patched["applied"] == ["checkpoint.every_steps"]
+        assert patched["applies_at_iteration"] == paused["progress"]["iteration"]
+        record = json.loads((tmp_path / "state" / rid / "run.json").read_text())
+        assert record["document"]["checkpoint"]["every_steps"] == 3
+        assert record["effective_config"]["checkpoint"]["every_steps"] == 3
         assert c.post(f"/runs/{rid}/resume").status_code == 202
         wait_for(events, "status", status="running")
+        every = wait_for(events, "checkpoint")
+        assert every["global_step"] % 3 == 0 and every["global_step"] <= step + 3
+        assert (
+            c.patch(f"/runs/{rid}", json={"checkpoint": {"every_steps": 1000}}).status_code == 200
+        )
         assert c.post(f"/runs/{rid}/checkpoints").status_code == 202
         saved = wait_for(events, "checkpoint")
         assert saved["global_step"] > step
