@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.server.problems import FieldError, Problem, not_found, pointer
 from retrograd.server.store import iso, now_ms, write_atomic
 
 FORMATS = ("auto", "text", "jsonl", "preference-jsonl")
@@ -198,11 +198,7 @@ class Datasets:
     def need(self, dataset_id: str) -> dict:
         found = self.view(dataset_id)
         if found is None:
-            raise Problem(
-                "not-found",
-                f"no dataset {dataset_id!r}",
-                [FieldError(pointer("id"), "not_found", f"no dataset {dataset_id!r}")],
-            )
+            raise not_found(f"no dataset {dataset_id!r}")
         return found
 
     def all(self) -> list[dict]:

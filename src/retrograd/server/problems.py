@@ -140,6 +140,11 @@ def unknown_field(pointer: str, name: str, known: typing.Iterable[str]) -> Field
     return FieldError(pointer, "unknown_field", message, hint)
 
 
+def not_found(message: str, field: str = "id") -> Problem:
+    """A 404 whose one error points at the path parameter or field that named nothing."""
+    return Problem("not-found", message, [FieldError(pointer(field), "not_found", message)])
+
+
 def pointer(*parts: str | int) -> str:
     """A JSON pointer (RFC 6901) from its parts."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from retrograd.server.guard import CHALLENGE
-from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.server.problems import FieldError, Problem, not_found, pointer
 from retrograd.server.routes_runs import find_run, server_state
 from retrograd.server.store import RunRecord, iso
 
@@ -74,11 +74,7 @@ def _downloadable(request: Request, record: RunRecord, name: str) -> dict[str, A
     found = {a["name"]: a for a in _artifacts(request, record)}.get(name)
     if found is None or not found["downloadable"]:
         why = "no such artifact" if found is None else "not present, or a directory"
-        raise Problem(
-            "not-found",
-            f"run {record.id} has no downloadable artifact {name!r} ({why})",
-            [FieldError(pointer("name"), "not_found", why)],
-        )
+        raise not_found(f"run {record.id} has no downloadable artifact {name!r} ({why})", "name")
     return found
 
 
@@ -191,5 +187,4 @@ async def trajectory_group(
 
 
 def _not_observed(run_id: str) -> Problem:
-    message = f"run {run_id} records no rollouts (no [observe])"
-    return Problem("not-found", message, [FieldError(pointer("id"), "not_found", message)])
+    return not_found(f"run {run_id} records no rollouts (no [observe])")

@@ -21,7 +21,13 @@ from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
 from retrograd.server.documents import PATCHABLE, merge, prepare
 from retrograd.server.guard import read_json_object
-from retrograd.server.problems import FieldError, Problem, issues_to_errors, pointer
+from retrograd.server.problems import (
+    FieldError,
+    Problem,
+    issues_to_errors,
+    not_found,
+    pointer,
+)
 from retrograd.server.runner import LIVE
 from retrograd.server.store import FINISHED, TERMINAL, RunRecord, iso, new_run_id, now_ms
 
@@ -38,11 +44,7 @@ def find_run(request: Request, run_id: str) -> RunRecord:
     _, store, _ = server_state(request)
     record = store.runs.get(run_id)
     if record is None:
-        raise Problem(
-            "not-found",
-            f"no run {run_id!r}",
-            [FieldError(pointer("id"), "not_found", f"no run {run_id!r}")],
-        )
+        raise not_found(f"no run {run_id!r}")
     return record
 
 

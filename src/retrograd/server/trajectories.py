@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from retrograd.observe.feed import FEED, INDEX, unscript, update_file
-from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.server.problems import Problem, not_found
 
 MEMBER_SUMMARY = (
     "member",
@@ -40,9 +40,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _missing(what: str, where: str) -> Problem:
-    return Problem(
-        "not-found", f"no {what}", [FieldError(pointer(where), "not_found", f"no {what}")]
-    )
+    return not_found(f"no {what}", where)
 
 
 def _finite(values) -> list[float]:
