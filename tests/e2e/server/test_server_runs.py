@@ -93,9 +93,18 @@ def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model=f"{run['id']}@step-999", messages=hello)
 
-        second = start_run(c, sft_toml(model, tmp_path / "data.txt"), name="second")
-        assert c.post(f"/runs/{second['id']}/cancel", json={"at": "now"}).status_code == 202
-        assert follow(server, second["id"])[-1][1]["status"] == "cancelled"
+        # the same run again, paused and asked to generate at its first step, trains the same
+        second = start_run(c, toml, name="second")
+        events = server.events(second["id"])
+        wait_for(events, "progress")
+        c.post(f"/runs/{second['id']}/pause")
+        wait_for(events, "status", status="paused")
+        asked = {"prompt": "the cat", "include_base": True, "max_new_tokens": 4}
+        assert c.post(f"/runs/{second['id']}/generate", json=asked).status_code == 200
+        c.post(f"/runs/{second['id']}/resume")
+        assert wait_for(events, "terminal")["status"] == "completed"
+        again = c.get(f"/runs/{second['id']}/artifacts/adapter").content
+        assert again == adapter.content  # byte for byte
         runs = c.get("/runs", params={"limit": 1}).json()
         assert [r["id"] for r in runs["runs"]] == [second["id"]]  # newest first
         older = c.get("/runs", params={"limit": 1, "cursor": runs["next_cursor"]}).json()
