@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from retrograd.errors import RetrogradError
 
@@ -86,6 +87,11 @@ def serve(args: argparse.Namespace) -> int:
         "ram_budget": _budget_flag(args.ram_budget),
     }
     config = load_server_config(args.config, overrides=overrides)
+    if config.mcp_server:
+        from retrograd.server.mcp_check import check_required_mcp
+
+        base = Path(args.config).resolve().parent if args.config else Path.cwd()
+        check_required_mcp(config, base)
     import uvicorn
 
     from retrograd.cli.serve import bind_socket

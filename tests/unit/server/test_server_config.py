@@ -130,3 +130,23 @@ def test_help_openapi_and_schema_import_no_torch():
         [sys.executable, "-m", "retrograd.cli.server", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0 and "openapi" in done.stdout and "--state-dir" in done.stdout
+
+
+def test_a_required_mcp_server_that_cannot_connect_stops_startup(tmp_path, capfd):
+    # capfd, not capsys: the MCP SDK hands a server its stderr's file descriptor
+    from tests.factories.mcp_server import SCRIPT
+
+    path = tmp_path / "server.toml"
+    working = f'[[mcp_server]]\nid = "tools"\ncommand = ["{sys.executable}", "{SCRIPT}"]\n'
+    broken = '[[mcp_server]]\nid = "broken"\ncommand = ["false"]\n'
+    optional = '[[mcp_server]]\nid = "maybe"\ncommand = ["false"]\nrequired = false\n'
+    from retrograd.cli.server import main
+    from retrograd.server.mcp_check import check_required_mcp
+
+    config = load(tmp_path, working + optional)
+    check_required_mcp(config, tmp_path)  # connects, lists, closes; the optional one is left
+    path.write_text(f'state_dir = "{tmp_path / "state"}"\n' + working + broken)
+    assert main([str(path)]) == 1
+    err = capfd.readouterr().err
+    assert '[mcp_server][1] id = "broken": required, and it cannot connect' in err
+    assert not (tmp_path / "state").exists()  # refused before anything else
