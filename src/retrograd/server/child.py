@@ -134,9 +134,9 @@ class ServerSinks(Sinks):
                 self._answer(command)
 
     def _answer(self, command: dict[str, Any]) -> None:
-        """A generation with the weights as they are at this boundary, sent back by its id:
-        `generate` (the server's route) or `chat` (an OpenAI chat request, its answer or its
-        OpenAI error document)."""
+        """A request answered at this boundary, sent back by its id: `generate` and `evaluate`
+        (the weights as they are), `chat` (an OpenAI chat request: its answer or its OpenAI
+        error document), `patch` (the [checkpoint] keys followed from now on)."""
         rid = command["request_id"]
         try:
             if command["op"] == "chat":
