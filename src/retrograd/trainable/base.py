@@ -54,8 +54,21 @@ def candidates(decoder: Decoder) -> dict[str, tuple[nn.Module, str]]:
             if module.bias is not None:
                 out[f"{name}.bias"] = (module, "bias")
         elif isinstance(module, RMSNorm) and name:
-            out[f"{name}.weight"] = (module, "norm")
+            out[f"{_norm_file_name(decoder, name)}.weight"] = (module, "norm")
     return out
+
+
+def _norm_file_name(decoder: Decoder, name: str) -> str:
+    """The file's name of the norm module at `name`: two keep a fixed module name whatever the
+    architecture calls them (arch.py: lfm2's final norm is token_embd_norm; gpt-oss and the
+    qwen3.5/qwen3-next families store their pre-FFN norm as post_attention_norm)."""
+    arch = decoder.cfg.arch
+    if name == "output_norm":
+        return arch.output_norm
+    layer, _, part = name.rpartition(".")
+    if part == "ffn_norm" and layer.startswith("blk."):
+        return f"{layer}.{arch.ffn_norm_tensor}"
+    return name
 
 
 def master_dtype(storage: str, master_weights: str) -> torch.dtype:

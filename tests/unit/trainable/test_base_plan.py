@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,3 +97,18 @@ def test_checkpointing_gives_base_tensors_the_plain_gradients(tiny_model, stride
     for name, g in grads[0].items():
         assert g.abs().max() > 0, name
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lfm2", "gpt-oss", "qwen3next"])
+def test_full_trains_every_norm_under_its_file_name(tiny_model, name):
+    """Norms the decoder keeps under a fixed module name (the final norm, lfm2's
+    token_embd_norm; the pre-FFN norm that gpt-oss and qwen3-next store as
+    post_attention_norm) train under the file's name: full leaves no norm out."""
+    model = load(tiny_model(name))
+    plan, trained = build_plan(model, cfg("full"))
+    norms = {n for n in model.gguf.tensors if n.endswith("norm.weight")}
+    assert norms <= {t.name for t in plan.base}
+    for t in trained.base:  # each Parameter is the module that reads that tensor
+        if t.name in norms:
+            want = np.asarray(model.gguf.tensors[t.name].data).view(np.float32).reshape(-1)
+            assert np.array_equal(t.param.detach().reshape(-1).numpy(), want), t.name
