@@ -37,7 +37,7 @@ def follow(server, run_id, **kw) -> list[tuple[str, dict]]:
 
 def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
     with RunServer(tmp_path / "state") as server, server.client() as c:
-        toml = sft_toml(model, tmp_path / "data.txt", text=TEXT[: len(TEXT) // 2])
+        toml = sft_toml(model, tmp_path / "data.txt", text=TEXT[: len(TEXT) // 4])
         run = start_run(c, toml, name="first")
         assert run["status"] in ("queued", "starting") and run["name"] == "first"
         assert run["effective_config"]["checkpoint"]["directory"].endswith("checkpoints")
@@ -93,11 +93,10 @@ def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model=f"{run['id']}@step-999", messages=hello)
 
-        # the same run again, paused and asked to generate at its first step, trains the same
+        # the same run again, paused and asked to generate after its first step, trains the same
         second = start_run(c, toml, name="second")
+        c.post(f"/runs/{second['id']}/pause")  # while it starts: it pauses after its first step
         events = server.events(second["id"])
-        wait_for(events, "progress")
-        c.post(f"/runs/{second['id']}/pause")
         wait_for(events, "status", status="paused")
         asked = {"prompt": "the cat", "include_base": True, "max_new_tokens": 4}
         assert c.post(f"/runs/{second['id']}/generate", json=asked).status_code == 200
@@ -208,8 +207,12 @@ def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, 
     try:
         with server.client() as c:
             rid = start_run(c, toml)["id"]
-        events = server.events(rid)
-        wait_for(events, "checkpoint")
+            # held after its first step, with a checkpoint there: killed mid-run on any machine
+            c.post(f"/runs/{rid}/pause")
+            events = server.events(rid)
+            wait_for(events, "status", status="paused")
+            c.post(f"/runs/{rid}/checkpoints")
+            wait_for(events, "checkpoint")
         server.kill()  # a crash: no shutdown, the run's process loses its server
 
         server.start()
