@@ -29,6 +29,7 @@ path_roots = ["{root}"]
 max_body_bytes = "64KiB"
 request_timeout_seconds = 2
 upload_idle_timeout_seconds = 1
+max_datasets_bytes = "3KiB"
 redact_error_paths = true
 [[reward]]
 id = "plurals"
@@ -367,6 +368,10 @@ def test_datasets_by_content_preview_tokenize_and_use(setup):
                    params={"dry_run": "true"})  # fmt: skip
         assert r.status_code == 200, r.text
         assert r.json()["effective_config"]["sft"]["data"].endswith(f"{text['id']}/data.txt")
+
+        big = "a line of text that fills the store\n" * 70  # 2.5 KiB beside ~1 KiB stored
+        r = c.post("/datasets", content=big, headers={"Content-Type": "text/plain"})
+        assert problem(r, 413, "payload-too-large")["meta"]["max_datasets_bytes"] == 3072
 
         assert c.delete(f"/datasets/{chat['id']}").status_code == 204
         problem(c.get(f"/datasets/{chat['id']}"), 404, "not-found")
