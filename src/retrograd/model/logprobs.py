@@ -82,16 +82,13 @@ def sequence_logprobs(
     grad is enabled. `first` >= 1 (the first id has no prediction). `hidden`, a list, receives
     per row the final hidden states (len(ids) - first, n_embd) of the scored positions,
     detached (the features of PPO's value head)."""
-    h, targets, sizes = _row_states(decoder, rows)
-    lp = token_logprobs(
-        decoder,
-        h,
-        targets,
-        chunked=chunked,
-        tiles=tiles,
-        seq_chunk=seq_chunk,
-        head_dtype=head_dtype,
-    )
+    opts = {"chunked": chunked, "tiles": tiles, "seq_chunk": seq_chunk, "head_dtype": head_dtype}
+    return _per_answer(decoder, *_row_states(decoder, rows), hidden, **opts)
+
+
+def _per_answer(decoder, h, targets, sizes, hidden, **opts) -> list[torch.Tensor]:
+    """The scored states' log-probabilities, split per answer; `hidden` gets the states."""
+    lp = token_logprobs(decoder, h, targets, **opts)
     if hidden is not None:
         hidden.extend(h.detach().split(sizes))
     return list(lp.split(sizes))
@@ -263,19 +260,8 @@ def shared_prefix_logprobs(
     shared_prefix_fanout): a pass over the prompt, then one over the answers (right-padded)
     attending to its keys and values. The same values and gradients as the rows, up to the
     order of float sums (tests/unit/model/test_logprobs.py); `hidden` as there."""
-    hs, targets, sizes = _shared_states(decoder, prompt, answers)
-    lp = token_logprobs(
-        decoder,
-        hs,
-        targets,
-        chunked=chunked,
-        tiles=tiles,
-        seq_chunk=seq_chunk,
-        head_dtype=head_dtype,
-    )
-    if hidden is not None:
-        hidden.extend(hs.detach().split(sizes))
-    return list(lp.split(sizes))
+    opts = {"chunked": chunked, "tiles": tiles, "seq_chunk": seq_chunk, "head_dtype": head_dtype}
+    return _per_answer(decoder, *_shared_states(decoder, prompt, answers), hidden, **opts)
 
 
 def shared_prefix_hidden(

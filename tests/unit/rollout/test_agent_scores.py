@@ -53,7 +53,14 @@ def test_a_ruler_judge_scores_agentic_groups(tmp_path, monkeypatch):
     rolled = [group(graded, ["q=0.2", "q=0.9", "q=0.5", "q=0.7"]), group(plain, ["q=1", "q=0"])]
     cfg = SimpleNamespace(agent=SimpleNamespace(judge_failure="drop_group"))
     cfg.agent.drop_degenerate_groups = False
-    with scripted_openai([verdict, status(400)]) as api:
+
+    # the two groups are judged at once, so either request may arrive first: the reply follows
+    # the request (the graded group's rubric gets a verdict, the other an HTTP 400)
+    def answer(body: dict):
+        graded_group = body["messages"][0]["content"].startswith("Tests pass?")
+        return verdict(body) if graded_group else status(400)
+
+    with scripted_openai([answer, answer]) as api:
         raw = {
             "type": "ruler",
             "base_url": api.base_url,
@@ -64,7 +71,9 @@ def test_a_ruler_judge_scores_agentic_groups(tmp_path, monkeypatch):
         world = SimpleNamespace(environment=None, judge=judge)
         metrics = score_groups(cfg, world, rolled, update=3)
     assert [s.traj.final_reward for s in rolled[0]] == [0.2, 0.9, 0.5, 0.7]
-    first, second = api.requests
+    first, second = sorted(  # the graded group's request first
+        api.requests, key=lambda b: not b["messages"][0]["content"].startswith("Tests pass?")
+    )
     prompt = first["messages"][0]["content"]
     assert prompt.startswith("Tests pass?")  # metadata.rubric over the built-in rubric
     order = [t["trajectory_id"] for t in shown(first)]
