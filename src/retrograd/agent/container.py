@@ -106,10 +106,31 @@ def container_cli() -> list[str]:
     )
 
 
+_engine_dir: str | None = None
+
+
+def _engine_cwd() -> str:
+    """Where the container CLI runs: a directory of its own, made once a process and removed at
+    exit. podman's monitor (conmon) writes a file named `oom` into its working directory when a
+    command it runs is killed for memory; run from the user's directory, it left one there."""
+    global _engine_dir
+    if _engine_dir is None or not os.path.isdir(_engine_dir):
+        import atexit
+        import tempfile
+
+        _engine_dir = tempfile.mkdtemp(prefix="retrograd-engine-")
+        atexit.register(shutil.rmtree, _engine_dir, True)
+    return _engine_dir
+
+
 def _cli(cli: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
     try:
         done = subprocess.run(
-            [*cli, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_SECS
+            [*cli, *args],
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_SECS,
+            cwd=_engine_cwd(),
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise EnvironmentFailure(f"`{shlex.join([*cli, args[0]])}` failed: {err}") from None
@@ -401,6 +422,7 @@ def _run_capped(
             stdin=subprocess.PIPE if data else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            cwd=_engine_cwd(),
         )
     except OSError as err:
         raise EnvironmentFailure(f"cannot run {cmd[0]}: {err}") from None
