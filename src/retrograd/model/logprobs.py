@@ -72,31 +72,25 @@ def sequence_logprobs(
     tiles: int = 8,
     seq_chunk: int = 512,
     head_dtype: torch.dtype | None = torch.float32,
-    hidden: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """rows: (ids, first) pairs -> per row, the log-probabilities (len(ids) - first,) float32
     of ids[first:] each given the ids before it, in one forward over the rows.
 
     Rows of different lengths are right-padded: attention is causal, so no real position sees
     a padding one and nothing is masked; padded positions are not scored. Differentiable when
-    grad is enabled. `first` >= 1 (the first id has no prediction). `hidden`, a list, receives
-    per row the final hidden states (len(ids) - first, n_embd) of the scored positions,
-    detached (the features of PPO's value head)."""
+    grad is enabled. `first` >= 1 (the first id has no prediction)."""
     opts = {"chunked": chunked, "tiles": tiles, "seq_chunk": seq_chunk, "head_dtype": head_dtype}
-    return _per_answer(decoder, *_row_states(decoder, rows), hidden, **opts)
+    return _per_answer(decoder, *_row_states(decoder, rows), **opts)
 
 
-def _per_answer(decoder, h, targets, sizes, hidden, **opts) -> list[torch.Tensor]:
-    """The scored states' log-probabilities, split per answer; `hidden` gets the states."""
-    lp = token_logprobs(decoder, h, targets, **opts)
-    if hidden is not None:
-        hidden.extend(h.detach().split(sizes))
-    return list(lp.split(sizes))
+def _per_answer(decoder, h, targets, sizes, **opts) -> list[torch.Tensor]:
+    """The scored states' log-probabilities, split per answer."""
+    return list(token_logprobs(decoder, h, targets, **opts).split(sizes))
 
 
 def sequence_hidden(decoder: Decoder, rows: list[tuple[list[int], int]]) -> list[torch.Tensor]:
-    """The hidden states sequence_logprobs(rows, hidden=...) gives, without the head: per row
-    (len(ids) - first, n_embd), the final hidden states that predict ids[first:]."""
+    """Per row (len(ids) - first, n_embd), the final hidden states that predict ids[first:]:
+    what sequence_logprobs scores, without the head (PPO's value-head features)."""
     h, _, sizes = _row_states(decoder, rows)
     return list(h.split(sizes))
 
@@ -254,20 +248,19 @@ def shared_prefix_logprobs(
     tiles: int = 8,
     seq_chunk: int = 512,
     head_dtype: torch.dtype | None = torch.float32,
-    hidden: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """sequence_logprobs of rows prompt + answer, with the prompt run once (formats.md §8.2,
     shared_prefix_fanout): a pass over the prompt, then one over the answers (right-padded)
     attending to its keys and values. The same values and gradients as the rows, up to the
-    order of float sums (tests/unit/model/test_logprobs.py); `hidden` as there."""
+    order of float sums (tests/unit/model/test_logprobs.py)."""
     opts = {"chunked": chunked, "tiles": tiles, "seq_chunk": seq_chunk, "head_dtype": head_dtype}
-    return _per_answer(decoder, *_shared_states(decoder, prompt, answers), hidden, **opts)
+    return _per_answer(decoder, *_shared_states(decoder, prompt, answers), **opts)
 
 
 def shared_prefix_hidden(
     decoder: Decoder, prompt: list[int], answers: list[list[int]]
 ) -> list[torch.Tensor]:
-    """The hidden states shared_prefix_logprobs(..., hidden=...) gives, without the head."""
+    """The final hidden states shared_prefix_logprobs scores, without the head."""
     hs, _, sizes = _shared_states(decoder, prompt, answers)
     return list(hs.split(sizes))
 

@@ -78,16 +78,12 @@ def row_passes(trained: list[Rollout], budget: int) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
-def score(
-    decoder, trained: list[Rollout], piece: Piece, training, hidden: list | None = None
-) -> list[torch.Tensor]:
-    """Per-token log-probabilities of the piece's answers (differentiable under grad); `hidden`,
-    a list, receives each answer's final hidden states at its scored positions, detached."""
+def score(decoder, trained: list[Rollout], piece: Piece, training) -> list[torch.Tensor]:
+    """Per-token log-probabilities of the piece's answers (differentiable under grad)."""
     opts = {
         "chunked": training.chunked_cross_entropy,
         "tiles": training.chunked_ce_tiles,
         "seq_chunk": training.chunked_ce_seq_chunk,
-        "hidden": hidden,
     }
     answers = [trained[i] for i in piece.members]
     if piece.shared:
@@ -99,8 +95,8 @@ def score(
 
 @torch.no_grad()
 def hidden_states(decoder, trained: list[Rollout], piece: Piece) -> list[torch.Tensor]:
-    """The final hidden states that `score(..., hidden=...)` gives for the piece's answers,
-    without the head's product and log-softmax (PPO's value-head features)."""
+    """The final hidden states that `score` scores for the piece's answers, without the head's
+    product and log-softmax (PPO's value-head features)."""
     answers = [trained[i] for i in piece.members]
     if piece.shared:
         prompt = list(answers[0].prompt.ids)

@@ -164,8 +164,8 @@ def test_shared_prefix_fanout_equals_rows(tiny_model, name):
 
 
 def test_hidden_states_without_the_head_are_the_scored_ones(tiny_model):
-    """PPO's critic features: sequence_hidden and shared_prefix_hidden give exactly the states
-    that the log-probability passes hand out, and those states give the log-probabilities."""
+    """PPO's critic features: sequence_hidden and shared_prefix_hidden give the states whose
+    head gives the log-probabilities the scoring passes compute, one per answer token."""
     from retrograd.model.logprobs import (
         sequence_hidden,
         shared_prefix_hidden,
@@ -178,20 +178,18 @@ def test_hidden_states_without_the_head_are_the_scored_ones(tiny_model):
     answers = [torch.randint(3, m.config.n_vocab, (n,), generator=g).tolist() for n in (4, 1, 7)]
     rows = [(prompt + a, len(prompt)) for a in answers]
     with torch.no_grad():
-        seen: list[torch.Tensor] = []
-        lps = sequence_logprobs(m.decoder, rows, hidden=seen)
+        lps = sequence_logprobs(m.decoder, rows)
         alone = sequence_hidden(m.decoder, rows)
-        shared_seen: list[torch.Tensor] = []
-        shared_prefix_logprobs(m.decoder, prompt, answers, hidden=shared_seen)
+        shared_lps = shared_prefix_logprobs(m.decoder, prompt, answers)
         shared = shared_prefix_hidden(m.decoder, prompt, answers)
-    for a, h, hs, want, lp in zip(answers, alone, shared, seen, lps, strict=True):
-        assert h.shape == (len(a), m.config.n_embd)
-        assert torch.equal(h, want)
-        torch.testing.assert_close(hs, want, rtol=1e-3, atol=1e-3)  # sums in another order
-        direct = m.decoder.head(h).log_softmax(-1).gather(1, torch.tensor(a)[:, None])[:, 0]
+    for a, h, hs, lp, slp in zip(answers, alone, shared, lps, shared_lps, strict=True):
+        assert h.shape == hs.shape == (len(a), m.config.n_embd)
+        torch.testing.assert_close(hs, h, rtol=1e-3, atol=1e-3)  # sums in another order
+        target = torch.tensor(a)[:, None]
+        direct = m.decoder.head(h).log_softmax(-1).gather(1, target)[:, 0]
         torch.testing.assert_close(direct, lp, rtol=1e-5, atol=1e-5)
-    for h, want in zip(shared, shared_seen, strict=True):
-        assert torch.equal(h, want)
+        direct = m.decoder.head(hs).log_softmax(-1).gather(1, target)[:, 0]
+        torch.testing.assert_close(direct, slp, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name, seq_chunk", [("gemma2", 4), ("llama", 0)])
