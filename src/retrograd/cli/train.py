@@ -90,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
             f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: this version trains "
             f"{', '.join(LOOPS)}; the file is valid, its loop is not available yet"
         )
+    from retrograd import distributed
     from retrograd.algorithms.persist import Sinks
 
     loop = LOOPS[cfg.run.algorithm]()
+    world = distributed.init_world(cfg)  # under torchrun: this rank's place (docs/distributed.md)
     console = Console()
-    sinks = Sinks(console=console)
+    sinks = Sinks(console=console) if world.main else Sinks.quiet()  # rank 0 alone reports
     try:
+        distributed.check_loop(cfg, world)
         loop(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
     except KeyboardInterrupt:
         sinks.fail("interrupted")
@@ -103,4 +106,6 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:
         sinks.fail(f"{type(e).__name__}: {e}")
         raise
+    finally:
+        distributed.close_world()
     return 0

@@ -97,6 +97,12 @@ ENTRIES: dict[tuple[str, str], Availability] = {
             "chunked_cross_entropy",
         )
     },
+    ("training", "parallel"): _entry(
+        HONOURED,
+        "honoured under torchrun by sft, preference and offline distill; other algorithms "
+        "refuse several ranks",
+    ),
+    ("training", "dist_timeout_seconds"): _entry(HONOURED, "honoured under torchrun"),
     ("training", "lr"): _entry(
         HONOURED,
         "honoured; refused with muon and an adapter, whose factors train at "

@@ -116,6 +116,18 @@ class TrainingSection(Section):
     require_gpu_resident: bool = key(
         False, "Fail when any training operation would fall back to the CPU."
     )
+    parallel: Literal["none", "ddp", "fsdp2"] | None = optional_key(
+        "Under torchrun: ddp (every rank holds the model, the ranks share each step's passes "
+        "and sum their gradients) or fsdp2 (the frozen weights sharded too); none runs one "
+        "process and is refused with several ranks. Left out: ddp with several ranks, none "
+        "alone (docs/distributed.md)."
+    )
+    dist_timeout_seconds: int = key(
+        1800,
+        "Seconds a rank waits in a collective for the others before the run fails (a rank "
+        "that died stops the rest within it).",
+        ge=1,
+    )
     max_gpu_duty_cycle: float = key(
         1.0, "Largest share of wall time spent with work on the GPU, in (0, 1].", gt=0, le=1
     )

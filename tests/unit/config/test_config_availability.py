@@ -90,6 +90,8 @@ ACCEPTED: dict[tuple[str, str], dict] = {
     ("training", "chunked_ce_seq_chunk"): {"training": {"chunked_ce_seq_chunk": 0}},
     ("training", "require_gpu_resident"): {"training": {"require_gpu_resident": True}},
     ("training", "max_gpu_duty_cycle"): {"training": {"max_gpu_duty_cycle": 0.5}},
+    ("training", "parallel"): {"training": {"parallel": "ddp"}},
+    ("training", "dist_timeout_seconds"): {"training": {"dist_timeout_seconds": 60}},
     ("optimizer.muon", "fallback_learning_rate"): {
         **MUON,
         "optimizer": {"muon": {"fallback_learning_rate": 0.01}},

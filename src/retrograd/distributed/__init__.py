@@ -1,0 +1,290 @@
+"""Scale-out on torchrun: the world of ranks, each rank's share of a step, and the sum of the
+ranks' gradients that makes the step equal one process doing all of it (docs/distributed.md).
+
+The API every loop uses:
+  World(rank, size, local_rank, backend, parallel)  .main (rank 0)  .active (size > 1)
+  init_world(cfg) -> World      torchrun's RANK / WORLD_SIZE / LOCAL_RANK -> init_process_group
+                                (gloo on a CPU, nccl on CUDA, [training].dist_timeout_seconds);
+                                outside torchrun (or one rank) World(0, 1, 0, None)
+  world() -> World              the current one;  close_world() at the end of the command
+  share(n, world) -> list[int]  this rank's items of n: contiguous blocks in rank order, so the
+                                shares together and in order are one process's n items
+  wrap_trainable(model, trainables, cfg, world) -> Replicas
+                                ddp: the trained tensors made equal on every rank, a Replicas
+                                whose sum_step adds the ranks' gradients; fsdp2: the model
+                                layer's sharding (retrograd.model.fsdp2.wrap_trainable)
+  Replicas.sum_step(params, *values) -> values summed over the ranks, gradients summed in place
+  all_reduce_sum(values), gather_objects(obj), broadcast_object(obj), barrier()
+  checkpoints: retrograd.distributed.checkpoint (save_state, restore_state), called by persist.py
+
+What this package does not know: models, losses, data. The loops decide what a share is (the
+passes of an SFT step, the pieces of a preference step) and scale each share's loss by the
+step's global count, so that summing (not averaging) the ranks' gradients gives the step of one
+process. Rank 0 alone prints, writes metrics, checkpoints' metadata and the output.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from retrograd.errors import ConfigError
+
+log = logging.getLogger(__name__)
+PARALLEL = ("none", "ddp", "fsdp2")
+BUCKET_BYTES = 32 << 20  # gradients all-reduced per flat buffer of at most this many bytes
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    backend: str | None = None  # gloo, nccl; None without a process group
+    parallel: str = "none"  # what [training].parallel resolved to
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that prints, writes metrics, checkpoint metadata and the output."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    return _WORLD
+
+
+def launched() -> tuple[int, int, int] | None:
+    """(rank, size, local_rank) when torchrun (or torch.distributed.elastic) started us."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    try:
+        return (
+            int(os.environ["RANK"]),
+            int(os.environ["WORLD_SIZE"]),
+            int(os.environ.get("LOCAL_RANK", "0")),
+        )
+    except ValueError as e:
+        raise ConfigError(f"torchrun's RANK / WORLD_SIZE / LOCAL_RANK are not integers: {e}") from e
+
+
+def resolve_parallel(setting: str | None, size: int) -> str:
+    """[training].parallel for a world of `size` ranks. Unset: ddp with several ranks, none
+    alone. Set to ddp or fsdp2 with one rank: one process (a note says so). none with several
+    ranks is refused: each rank would train the whole run on its own."""
+    if setting is None:
+        return "ddp" if size > 1 else "none"
+    if setting not in PARALLEL:
+        raise ConfigError(f"[training].parallel = {setting!r}: must be none, ddp or fsdp2")
+    if size > 1 and setting == "none":
+        raise ConfigError(
+            f'[training].parallel = "none" under torchrun with {size} ranks: each rank would '
+            'train the whole run alone; use "ddp" or "fsdp2", or launch one process'
+        )
+    if size == 1 and setting != "none":
+        log.info("[training].parallel = %r with one process: it trains alone", setting)
+    return setting
+
+
+def init_world(cfg) -> World:
+    """The run's world from torchrun's environment; the process group is opened here."""
+    global _WORLD
+    found = launched()
+    setting = getattr(cfg.training, "parallel", None)
+    if found is None or found[1] == 1:
+        _WORLD = World(parallel=resolve_parallel(setting, 1))
+        return _WORLD
+    rank, size, local_rank = found
+    parallel = resolve_parallel(setting, size)
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available() and cfg.model.device != "cpu"
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=cfg.training.dist_timeout_seconds)
+        dist.init_process_group(backend, timeout=timeout)
+    _WORLD = World(rank, size, local_rank, backend, parallel)
+    log.info("rank %d of %d (%s, %s)", rank, size, backend, parallel)
+    return _WORLD
+
+
+def close_world() -> None:
+    """Leave the process group (the command's end, error or not)."""
+    global _WORLD
+    if _WORLD.active:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    _WORLD = World()
+
+
+def share(n: int, w: World | None = None) -> list[int]:
+    """This rank's indices of n items: rank r takes the r-th of `size` contiguous blocks (the
+    first n % size blocks one longer), so the ranks' shares in rank order are 0..n-1."""
+    w = w or _WORLD
+    base, extra = divmod(n, w.size)
+    start = w.rank * base + min(w.rank, extra)
+    return list(range(start, start + base + (w.rank < extra)))
+
+
+# -- collectives -----------------------------------------------------------------------------
+
+
+def barrier() -> None:
+    if _WORLD.active:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """`obj` of rank `src` on every rank (picklable)."""
+    if not _WORLD.active:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not _WORLD.active:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list = [None] * _WORLD.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """The sums over the ranks of a few float64 numbers."""
+    if not _WORLD.active:
+        return list(values)
+    import torch.distributed as dist
+
+    t = torch.tensor(list(values), dtype=torch.float64, device=_device())
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if _WORLD.backend == "nccl" else torch.device("cpu")
+
+
+# -- the trained tensors -----------------------------------------------------------------------
+
+
+class Replicas:
+    """Every rank holds all trained tensors (ddp). sum_step adds the ranks' gradients into each
+    one, in flat buckets, with the step's scalars (loss sums) riding along in the first.
+
+    NOTE: torch's DistributedDataParallel is not used: its reducer needs every rank to run the
+    same number of forward/backward calls through one module, and our steps run a share of
+    cached passes per rank (an SFT window's passes, a preference step's pieces), some ranks
+    none, with the output head outside the decoder's forward. A bucketed all_reduce of the
+    gradients after the rank's share is the same arithmetic (docs/distributed.md)."""
+
+    def __init__(self, w: World):
+        self.world = w
+
+    def sum_step(self, params: Sequence[torch.Tensor], *values: float) -> tuple[float, ...]:
+        """After this rank's backward passes of a step: each parameter's gradient becomes the
+        sum over the ranks (None where no rank has one); returns `values` summed too."""
+        if not self.world.active:
+            return tuple(values)
+        import torch.distributed as dist
+
+        device = params[0].device if params else _device()
+        flags = [p.grad is not None for p in params]
+        head = torch.tensor([*values, *map(float, flags)], dtype=torch.float64, device=device)
+        dist.all_reduce(head)
+        has = [bool(f) for f in head[len(values) :].tolist()]
+        for bucket in _buckets([p for p, h in zip(params, has, strict=True) if h]):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            at = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad = flat[at : at + n].view_as(p).clone()
+                at += n
+        return tuple(head[: len(values)].tolist())
+
+    def make_equal(self, params: Sequence[torch.Tensor]) -> None:
+        """Rank 0's values in every rank's trained tensors (they start equal by seed; this
+        makes it so whatever a rank's initialisation did)."""
+        if not self.world.active:
+            return
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=0)
+
+
+def _buckets(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive parameters of one dtype, at most BUCKET_BYTES a bucket (one alone if larger)."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if not out or out[-1][0].dtype != p.dtype or size + nbytes > BUCKET_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += nbytes
+    return out
+
+
+def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
+    """The world's handle on the trained tensors: Replicas for none and ddp; fsdp2 hands the
+    model to the model layer's sharding, which returns an object with the same sum_step."""
+    w = w or _WORLD
+    if w.parallel == "fsdp2" and w.active:
+        try:
+            from retrograd.model import fsdp2
+        except ImportError:
+            raise ConfigError(
+                '[training].parallel = "fsdp2": not available in this version yet; use "ddp"'
+            ) from None
+        return fsdp2.wrap_trainable(model, trainables, cfg, w)
+    replicas = Replicas(w)
+    replicas.make_equal(trainables.params)
+    return replicas
+
+
+# The loops that run on several ranks ([run].algorithm, or distill/<mode>); the others refuse.
+DATA_PARALLEL = {"sft", "preference", "distill/topk_offline"}
+
+
+def loop_name(cfg) -> str:
+    name = cfg.run.algorithm
+    return f"{name}/{cfg.distill.mode}" if name == "distill" else name
+
+
+def check_loop(cfg, w: World | None = None) -> None:
+    """Several ranks for a loop that does not share its work yet: a clear refusal."""
+    w = w or _WORLD
+    if w.active and loop_name(cfg) not in DATA_PARALLEL:
+        raise ConfigError(
+            f"[run].algorithm = {loop_name(cfg)!r} does not run on several ranks in this "
+            f"version (torchrun started {w.size}); launch one process, or train "
+            f"{', '.join(sorted(DATA_PARALLEL))}"
+        )

@@ -1,0 +1,112 @@
+"""The world: shares of a step, [training].parallel as it resolves, and the gradient sum of two
+gloo ranks (spawned processes, a hard timeout) against the arithmetic done by hand."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from retrograd import distributed
+from retrograd.config.load import validate_run
+from retrograd.distributed import Replicas, World, resolve_parallel, share
+from retrograd.errors import ConfigError
+from tests.unit.config.config_runs import run_doc
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8])
+def test_shares_in_rank_order_are_the_whole_window(n, size):
+    shares = [share(n, World(rank=r, size=size)) for r in range(size)]
+    assert [i for s in shares for i in s] == list(range(n))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_parallel_resolves_by_world_size():
+    assert resolve_parallel(None, 1) == "none"
+    assert resolve_parallel(None, 2) == "ddp"
+    assert resolve_parallel("ddp", 1) == "ddp"  # one process: trains alone
+    assert resolve_parallel("fsdp2", 4) == "fsdp2"
+    with pytest.raises(ConfigError, match=r'parallel = "none" under torchrun with 2 ranks'):
+        resolve_parallel("none", 2)
+
+
+def test_config_keys_validate():
+    cfg = validate_run(run_doc(training={"parallel": "ddp", "dist_timeout_seconds": 60}))
+    assert (cfg.training.parallel, cfg.training.dist_timeout_seconds) == ("ddp", 60)
+    assert validate_run(run_doc()).training.parallel is None
+    with pytest.raises(ConfigError, match="parallel"):
+        validate_run(run_doc(training={"parallel": "tp"}))
+    with pytest.raises(ConfigError, match="dist_timeout_seconds"):
+        validate_run(run_doc(training={"dist_timeout_seconds": 0}))
+
+
+def test_outside_torchrun_the_world_is_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = validate_run(run_doc(training={"parallel": "ddp"}))
+    w = distributed.init_world(cfg)
+    assert (w.rank, w.size, w.main, w.active, w.parallel) == (0, 1, True, False, "ddp")
+    distributed.close_world()
+
+
+def test_loops_without_shares_refuse_several_ranks():
+    cfg = validate_run(run_doc("ppo"))
+    with pytest.raises(ConfigError, match="'ppo' does not run on several ranks"):
+        distributed.check_loop(cfg, World(rank=0, size=2))
+    distributed.check_loop(cfg, World())  # one process: anything runs
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    distributed._WORLD = World(rank, 2, rank, "gloo", "ddp")
+    a = torch.nn.Parameter(torch.full((3,), float(rank + 1)))  # rank 0: 1s, rank 1: 2s
+    b = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))  # no gradient anywhere
+    c = torch.nn.Parameter(torch.zeros(4))  # a gradient on rank 1 only
+    replicas = Replicas(distributed.world())
+    replicas.make_equal([a])  # rank 0's values everywhere
+    (a * torch.arange(3.0) * (rank + 1)).sum().backward()
+    if rank == 1:
+        c.sum().backward()
+    (loss,) = replicas.sum_step([a, b, c], 0.5 + rank)
+    out.put((rank, a.detach().tolist(), a.grad.tolist(), b.grad, c.grad.tolist(), loss))
+    dist.destroy_process_group()
+
+
+def test_sum_step_adds_two_ranks_gradients():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_ranks, args=(r, _port_once(), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    for rank, a, grad_a, grad_b, grad_c, loss in results:
+        assert a == [1.0, 1.0, 1.0], rank
+        assert grad_a == [0.0, 3.0, 6.0]  # arange * 1 + arange * 2
+        assert grad_b is None
+        assert grad_c == [1.0] * 4
+        assert loss == 2.0
+
+
+_PORT: list[int] = []
+
+
+def _port_once() -> int:
+    if not _PORT:
+        _PORT.append(_port())
+    return _PORT[0]
