@@ -91,6 +91,7 @@ class Prepared:
     config: RunConfig
     provenance: dict[str, dict[str, str]]
     base_dir: Path
+    where: str = "config"  # the document's JSON pointer in the request ("" for TOML)
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -111,10 +112,12 @@ def prepare(
     run_dir: Path,
     where: str = "config",
     datasets=None,
+    own: list[Path] = (),
 ) -> Prepared:
     """What `POST /v1/runs` turns into a run; Problem for every refusal. `where` is the JSON
     pointer of the document in the request ("" for a TOML body); `datasets` (datasets.py)
-    turns a dataset id written where a path goes into its file."""
+    turns a dataset id written where a path goes into its file; `own` are more folders of
+    the server's own that the run may read (a forked run's adapter)."""
     prefix = (where,) if where else ()
     provenance: dict[str, dict[str, str]] = {}
     doc = merge(document, params or {})
@@ -132,9 +135,9 @@ def prepare(
         issues = getattr(error, "issues", None)
         errors = issues_to_errors(issues, RunConfig, prefix) if issues else []
         raise Problem("invalid-request", str(error), errors) from None
-    own = [run_dir] + ([datasets.root] if datasets is not None else [])
+    own = [run_dir, *own] + ([datasets.root] if datasets is not None else [])
     check_paths(config, server, prefix, own)
-    return Prepared(doc, config, provenance, base_dir)
+    return Prepared(doc, config, provenance, base_dir, where)
 
 
 def _dataset_files(value: Any, datasets) -> Any:

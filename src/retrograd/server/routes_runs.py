@@ -11,7 +11,9 @@ routes answer CommandAccepted (202); their effect comes at the run's next bounda
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from retrograd.config import RunConfig, validate_run
 from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
-from retrograd.server.documents import PATCHABLE, merge, prepare
+from retrograd.server import forks
+from retrograd.server.documents import PATCHABLE, check_file, merge, prepare
 from retrograd.server.guard import read_json_object
 from retrograd.server.problems import (
     FieldError,
@@ -76,11 +79,24 @@ def view(record: RunRecord, runs) -> dict[str, Any]:
     }
 
 
+class PreflightRequest(BaseModel):
+    """POST /v1/preflight (formats.md §9.3): `retrograd preflight`'s flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    device: Literal["auto", "cpu", "gpu"] | None = None
+    targets: list[str] | str = "auto"
+
+
 # -- creating ---------------------------------------------------------------------------------
 
 
-async def _run_request(request: Request) -> tuple[dict, dict | None, str | None, str]:
-    """(document, params, name, pointer of the document) from a JSON or TOML body."""
+async def _run_request(
+    request: Request,
+) -> tuple[dict | None, dict | None, str | None, str, Any]:
+    """(document, params, name, pointer of the document, fork_from) from a JSON or TOML
+    body."""
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     body = await request.body()
     if media in ("application/toml", "text/toml", "application/x-toml"):
@@ -90,20 +106,20 @@ async def _run_request(request: Request) -> tuple[dict, dict | None, str | None,
             raise Problem(
                 "invalid-request", str(error), [FieldError("", "unsupported_format", str(error))]
             ) from None
-        return document, None, request.query_params.get("name"), ""
+        return document, None, request.query_params.get("name"), "", None
     if media != "application/json":
         raise Problem(
             "unsupported-media-type",
             f"{media}: send application/json (a PlanRequest) or application/toml (a run file)",
         )
     data = read_json_object(body, REQUEST_FIELDS)
-    for unbuilt in ("recipe", "fork_from"):
-        if unbuilt in data:
-            raise Problem(
-                "not-implemented",
-                f"{unbuilt} is not built yet on this server; send a whole run document as config",
-            )
-    if not isinstance(data.get("config"), dict):
+    if "recipe" in data:
+        raise Problem(
+            "not-implemented",
+            "recipe is not built yet on this server; send a whole run document as config",
+        )
+    fork = data.get("fork_from")
+    if not isinstance(data.get("config"), dict) and not (fork and "config" not in data):
         raise _invalid("config", "missing_field", "required: the run document (or a TOML body)")
     params = data.get("params")
     if params is not None and not isinstance(params, dict):
@@ -111,7 +127,27 @@ async def _run_request(request: Request) -> tuple[dict, dict | None, str | None,
     name = data.get("name")
     if name is not None and not isinstance(name, str):
         raise _invalid("name", "invalid_value", "must be a string")
-    return data["config"], params, name, "config"
+    return data.get("config"), params, name, "config", fork
+
+
+async def _prepared(request: Request, run_dir):
+    """(the run prepared from the request, its name): documents.prepare over the document,
+    the fork's adapter (forks.py) when there is one."""
+    config, store, _ = server_state(request)
+    document, params, name, where, fork = await _run_request(request)
+    own, why = [], None
+    if fork is not None:
+        with store.lock:
+            adapter, theirs, why = forks.source(fork, store, config)
+        if document is None and theirs is None:
+            raise _invalid("config", "missing_field", "required with fork_from {path}")
+        document = forks.apply(document if document is not None else theirs, adapter)
+        if adapter.is_relative_to(store.root.resolve()):
+            own.append(adapter.parent)  # another run's folder: the server's own files
+    prepared = prepare(document, params, config, run_dir, where, request.app.state.datasets, own)
+    if why is not None:
+        prepared.provenance["lora.init_adapter"] = {"source": "derived", "reason": why}
+    return prepared, name
 
 
 def _invalid(field: str, code: str, message: str) -> Problem:
@@ -120,20 +156,84 @@ def _invalid(field: str, code: str, message: str) -> Problem:
     )
 
 
-def _dry(prepared) -> dict[str, Any]:
+async def planned(request: Request, prepared, limits=None, applied=None) -> dict[str, Any]:
+    """The prepared run's plan (plans.py), refused over the memory budgets."""
+    from retrograd.server import plans
+
+    config = request.app.state.config
+    prefix = (prepared.where,) if prepared.where else ()
+    plan = await asyncio.to_thread(plans.build_plan, prepared.config, prepared.provenance, prefix)
+    plans.check_budget(plan, config, limits, applied)
+    return plan
+
+
+def _dry(prepared, plan) -> dict[str, Any]:
     return {
         "effective_config": prepared.config.model_dump(mode="json", exclude_none=True),
         "provenance": prepared.provenance,
-        "plan": {"schema_version": 1, "warnings": []},
+        "plan": plan,
     }
 
 
+def _can_calibrate(config) -> None:
+    if not config.calibrate_runs:
+        raise Problem(
+            "conflict",
+            "this server does not calibrate plans (calibrate_runs = false)",
+            [FieldError("/calibrate", "conflict", "calibrate_runs = false")],
+        )
+
+
+async def calibrated(request: Request, prepared, plan: dict[str, Any]) -> None:
+    """plan.memory.measured: one step of the run measured in a process of its own (probe.py)."""
+    _can_calibrate(request.app.state.config)
+    measured = await run_probe(
+        request,
+        "calibrate",
+        {"document": prepared.document, "base_dir": str(prepared.base_dir)},
+    )
+    plan["memory"]["measured"] = measured
+
+
+async def run_probe(request: Request, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """probe.py's answer for `kind`; timeout past command_timeout_seconds."""
+    state = request.app.state
+    process = await asyncio.create_subprocess_exec(
+        state.runs.python,
+        "-m",
+        "retrograd.server.probe",
+        kind,
+        json.dumps(body),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), state.config.command_timeout_seconds)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise Problem(
+            "timeout", f"{kind} took more than {state.config.command_timeout_seconds:g} s"
+        ) from None
+    try:
+        answer = json.loads(out.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise Problem("internal", f"{kind} ended without an answer") from None
+    if "error" in answer:
+        raise Problem("invalid-request", f"{kind}: {answer['error']}")
+    return answer
+
+
 @router.post("/plan")
-async def plan(request: Request):
+async def plan(request: Request, calibrate: bool = False):
     config, store, _ = server_state(request)
-    document, params, _name, where = await _run_request(request)
-    folder = store.folder("run_plan")
-    return _dry(prepare(document, params, config, folder, where, request.app.state.datasets))
+    if calibrate:
+        _can_calibrate(config)
+    prepared, _name = await _prepared(request, store.folder("run_plan"))
+    found = await planned(request, prepared)
+    if calibrate:
+        await calibrated(request, prepared, found)
+    return _dry(prepared, found)
 
 
 @router.post("/runs", status_code=201)
@@ -146,13 +246,12 @@ async def create_run(request: Request, response: Response, dry_run: bool = False
                 if record.identity.get("idempotency_key") == key:
                     response.status_code = 200
                     return view(record, runs)
-    document, params, name, where = await _run_request(request)
     run_id = new_run_id()
-    folder = store.folder(run_id).resolve()
-    prepared = prepare(document, params, config, folder, where, request.app.state.datasets)
+    prepared, name = await _prepared(request, store.folder(run_id).resolve())
+    found = await planned(request, prepared)
     if dry_run:
         response.status_code = 200
-        return _dry(prepared)
+        return _dry(prepared, found)
     cfg = prepared.config
     record = RunRecord(
         id=run_id,
@@ -163,6 +262,7 @@ async def create_run(request: Request, response: Response, dry_run: bool = False
         created_at=now_ms(),
         effective_config=cfg.model_dump(mode="json", exclude_none=True),
         provenance=prepared.provenance,
+        plan=found,
         document=prepared.document,
         base_dir=str(prepared.base_dir),
         observed=cfg.observe is not None,
@@ -174,6 +274,16 @@ async def create_run(request: Request, response: Response, dry_run: bool = False
         runs.emit(record, "status", {"status": "queued"})
         runs.enqueue(record)
         return view(record, runs)
+
+
+@router.post("/preflight")
+async def preflight(request: Request, body: PreflightRequest):
+    """`retrograd preflight` as JSON: one audited LoRA step, in a process of its own."""
+    config = request.app.state.config
+    model = check_file(Path(body.model), config, ("model",))
+    targets = body.targets if isinstance(body.targets, list) else body.targets.split(",")
+    asked = {"model": str(model), "device": body.device, "targets": [t.strip() for t in targets]}
+    return await run_probe(request, "preflight", asked)
 
 
 # -- reading ----------------------------------------------------------------------------------
