@@ -88,6 +88,10 @@ def create_app(
 
     for module in (routes_runs, routes_events, routes_artifacts, routes_datasets):
         app.include_router(module.router, prefix="/v1")
+    if config.ui:
+        from retrograd.server.ui import mount_web
+
+        mount_web(app)
     return app
 
 
@@ -154,7 +158,7 @@ def _discovery(app: FastAPI, config: ServerConfig) -> None:
                 "openapi": True,
                 "max_concurrent_runs": config.max_concurrent_runs,
                 "serving_enabled": config.serving.enabled,
-                "ui": False,  # nor the web page
+                "ui": config.ui,
                 "auth": config.auth_token is not None,
                 "mode": "server",
             },

@@ -1,0 +1,146 @@
+"""The server's web page in headless Chromium, driven like a user over the DevTools protocol:
+a tiny SFT run planned and started from the page, followed live, paused and resumed; the
+login screen of a server with a token; no page at all with `ui = false`."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.factories.agents import CHAT_TEMPLATE
+from tests.factories.browser import Browser
+from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.tiny_gguf import write_tiny
+
+HOSTILE = "<b>not bold</b> & co"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    return write_tiny(path, "llama", chat_template=CHAT_TEMPLATE)
+
+
+def page_url(server: RunServer) -> str:
+    return server.url.removesuffix("/v1") + "/"
+
+
+def set_field(browser: Browser, selector: str, value: str) -> None:
+    """Set a field's value and fire what a user's edit fires."""
+    browser.eval(
+        f"""(() => {{
+            const e = document.querySelector({json.dumps(selector)});
+            e.value = {json.dumps(value)};
+            e.dispatchEvent(new Event('input', {{bubbles: true}}));
+            e.dispatchEvent(new Event('change', {{bubbles: true}}));
+        }})()"""
+    )
+
+
+def points(browser: Browser) -> int:
+    return int(browser.eval("document.querySelector('#loss-chart').dataset.points"))
+
+
+def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_path):
+    data = tmp_path / "data.txt"
+    # the reference defaults' geometry (ctx 128, micro_batch 32) on two epochs of the text
+    toml = sft_toml(model, data, epochs=2).replace("ctx = 32", "ctx = 128")
+    toml = toml.replace("micro_batch = 16", "micro_batch = 32").replace(str(model), "")
+    with (
+        RunServer(
+            tmp_path / "state", toml=f'path_roots = ["{tmp_path}", "{model.parent}"]'
+        ) as server,
+        Browser(tmp_path) as browser,
+    ):
+        browser.open(page_url(server))
+        browser.wait(
+            "document.querySelector('#runs') && document.body.innerText.includes('No runs yet')"
+        )
+        browser.click('nav a[href="#/plan"]')
+
+        # the model picker lists the server's model files and writes the choice into the TOML
+        option = f'#model option[value="{model}"]'
+        browser.wait(f"document.querySelector({json.dumps(option)}) !== null")
+        set_field(browser, "#toml", toml)
+        set_field(browser, "#model", str(model))
+        assert f'path = "{model}"' in browser.eval("document.querySelector('#toml').value")
+        browser.type("#run-name", HOSTILE)
+
+        browser.click("#plan")
+        browser.wait("document.querySelector('#plan-result table.config') !== null")
+        source = "document.querySelector('#plan-result tr[data-key=\"{}\"] .chip').textContent"
+        assert browser.eval(source.format("training.lr")) == "override"
+        assert browser.eval(source.format("checkpoint.directory")) == "derived"
+        assert browser.eval(source.format("training.warmup_steps")) == "default"
+
+        # Start: the page goes to the run, which is paused as soon as it may be (a fast
+        # machine would finish a tiny run before a slower click)
+        browser.click("#start")
+        run_id = browser.wait("location.hash.startsWith('#/runs/run_') && location.hash.slice(7)")
+        browser.click('[data-action="pause"]')
+        browser.wait("document.querySelector('#run-status').innerText === 'paused'")
+        run_json = tmp_path / "state" / run_id / "run.json"
+        assert json.loads(run_json.read_text())["status"] == "paused"
+        paused_at = points(browser)
+        assert paused_at >= 1  # it pauses after a step, whose loss is on the chart
+        assert "progress" in browser.text("#journal")
+
+        # resumed, the curve grows as progress events arrive, to the end of the run
+        browser.click('[data-action="resume"]')
+        browser.wait(f"+document.querySelector('#loss-chart').dataset.points > {paused_at}")
+        browser.wait("document.querySelector('#run-status').innerText === 'completed'", 120)
+        view = httpx.get(f"{server.url}/runs/{run_id}").json()
+        assert points(browser) == view["progress"]["global_step"]
+        assert json.loads(run_json.read_text())["status"] == "completed"
+        browser.wait("document.querySelector('#artifacts tr[data-artifact=\"adapter\"] button')")
+
+        # a signed link (what Download opens) gives the adapter without a header
+        href = browser.eval(
+            f"""fetch('v1/runs/{run_id}/artifacts/adapter/link', {{method: 'POST'}})
+                .then(r => r.json()).then(j => j.href)"""
+        )
+        adapter = httpx.get(page_url(server) + href.lstrip("/"))
+        assert adapter.status_code == 200 and adapter.content[:4] == b"GGUF"
+
+        # the table shows it finished, its name as text (never markup)
+        browser.click('nav a[href="#/runs"]')
+        row = f'#runs tr[data-run="{run_id}"]'
+        browser.wait(f"document.querySelector({json.dumps(row)}) !== null")
+        assert browser.text(f"{row} .chip") == "completed"
+        assert browser.text(f"{row} a") == HOSTILE
+        assert browser.eval("document.querySelectorAll('#runs b').length") == 0
+        assert browser.errors() == []
+
+
+def test_with_a_token_the_page_asks_for_it_first(tmp_path):
+    with (
+        RunServer(tmp_path / "state", token="open-sesame") as server,
+        Browser(tmp_path) as browser,
+    ):
+        assert httpx.get(page_url(server) + "web/app.js").status_code == 200  # public files
+        browser.open(page_url(server))
+        browser.wait("document.querySelector('#login') !== null")
+        browser.type("#token", "wrong")
+        browser.click("#login button[type=submit]")
+        browser.wait("document.querySelector('#login .message.error') !== null")
+        set_field(browser, "#token", "")
+        browser.type("#token", "open-sesame")
+        browser.click("#login button[type=submit]")
+        browser.wait("document.body.innerText.includes('No runs yet')")
+        assert browser.eval("sessionStorage.getItem('retrograd-token')") == "open-sesame"
+        assert browser.eval("localStorage.getItem('retrograd-token')") is None
+        # the token opens the data too: another view loads with it
+        browser.click('nav a[href="#/datasets"]')
+        browser.wait("document.body.innerText.includes('No datasets uploaded yet')")
+        assert [e for e in browser.errors() if "401" not in e] == []
+
+
+def test_ui_false_serves_no_page(tmp_path):
+    with RunServer(tmp_path / "state", toml="ui = false") as server, server.client() as c:
+        for path in ("", "web/app.js"):
+            response = httpx.get(page_url(server) + path)
+            assert response.status_code == 404
+            assert response.json()["type"].endswith("/not-found")
+        assert c.get("/capabilities").json()["features"]["ui"] is False
