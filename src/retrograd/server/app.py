@@ -46,7 +46,12 @@ def create_app(
     hub = Hub(event_queue)
     runs = Runs(store, hub, config.max_concurrent_runs, python)
 
-    serving = Serving(store, config.serving.idle_seconds)
+    serving = Serving(
+        store,
+        config.serving.idle_seconds,
+        config.serving.device_wait_seconds,
+        lambda: bool(runs.live),  # a run's process holds the device from start to end
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -79,11 +84,14 @@ def create_app(
         idle_limits={DATASETS: config.upload_idle_timeout_seconds},
         timeout=config.request_timeout_seconds,
         redact=config.redact,
+        max_concurrent=config.max_concurrent_requests,
     )
     install_handlers(app, config.redact)
     _discovery(app, config)
     if config.serving.enabled:
-        model_routes(app, store, runs, serving, config.command_timeout_seconds)
+        model_routes(
+            app, store, runs, serving, config.command_timeout_seconds, config.serving.queue
+        )
     from retrograd.server import routes_artifacts, routes_datasets, routes_events, routes_runs
 
     for module in (routes_runs, routes_events, routes_artifacts, routes_datasets):

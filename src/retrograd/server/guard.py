@@ -4,7 +4,8 @@
 `Guard` is plain ASGI so that event streams pass through unbuffered. It answers 401 (with
 `WWW-Authenticate: Bearer`) for a missing or wrong token, 413 for a body over the limit
 (announced by Content-Length, or counted as it arrives), 504 for a request over
-`request_timeout_seconds` (event streams exempt). `install_handlers` turns Problem, FastAPI's
+`request_timeout_seconds` (event streams exempt), 429 past `max_concurrent_requests` requests
+at once (event streams not counted: they last as long as their clients). `install_handlers` turns Problem, FastAPI's
 validation errors, Starlette's 404/405 and any other exception into problem+json.
 """
 
@@ -39,10 +40,11 @@ def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONRespo
     )
 
 
-def _untimed(path: str) -> bool:
+def _untimed(path: str, method: str = "GET") -> bool:
     """Event streams, downloads (an adapter may be large), and requests that may wait for a
-    run's boundary or a model's load (bounded by command_timeout_seconds where a run answers)."""
-    if "/artifacts/" in path:
+    run's boundary (a PATCH of a live run too) or a model's load (bounded by
+    command_timeout_seconds where a run answers)."""
+    if "/artifacts/" in path or method == "PATCH":
         return True
     return path.endswith(("/events", "/generate", "/evaluate", "/chat/completions"))
 
@@ -58,8 +60,11 @@ class Guard:
         redact: bool,
         route_limits: dict[str, int] | None = None,
         idle_limits: dict[str, float] | None = None,
+        max_concurrent: int | None = None,
     ):
         self.app = app
+        self.max_concurrent = max_concurrent  # requests at once, event streams not counted
+        self.active = 0
         self.token = token
         self.max_body = max_body
         self.route_limits = route_limits or {}  # path -> its body limit, if not max_body
@@ -95,6 +100,27 @@ class Guard:
                     headers=CHALLENGE,
                 )
             )
+        stream = path.endswith("/events")
+        if not stream and self.max_concurrent is not None and self.active >= self.max_concurrent:
+            return await refuse(
+                Problem(
+                    "too-many-requests",
+                    f"{self.active} requests are being served (max_concurrent_requests = "
+                    f"{self.max_concurrent}); try again",
+                    headers={"Retry-After": "1"},
+                )
+            )
+        if stream:
+            return await self._admitted(scope, receive, send, trace_id, refuse)
+        self.active += 1
+        try:
+            return await self._admitted(scope, receive, send, trace_id, refuse)
+        finally:
+            self.active -= 1
+
+    async def _admitted(self, scope, receive, send, trace_id: str, refuse) -> None:
+        """The request past the token and the concurrency limit: body limits and time."""
+        path, headers = scope["path"], Headers(scope=scope)
         limit = self.route_limits.get(path, self.max_body)
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -127,7 +153,7 @@ class Guard:
                 message.setdefault("headers", []).append((b"trace-id", trace_id.encode()))
             await send(message)
 
-        if _untimed(path) or idle is not None:
+        if _untimed(path, scope["method"]) or idle is not None:
             return await self.app(scope, counted, tracked)
         try:
             await asyncio.wait_for(self.app(scope, counted, tracked), self.timeout)

@@ -279,10 +279,14 @@ def memory(cfg, shape: Shape) -> dict[str, Any]:
 
 
 def _chat(cfg, template_variables=None):
-    """The model's tokenizer and chat format from its header (no weights)."""
-    from retrograd.algorithms.context import file_chat_format
+    """The model's chat format from its header (no weights, no torch)."""
+    from retrograd.tokenizer import ChatFormat, chat_template
 
-    return file_chat_format(cfg.model.path, template_variables)
+    shape = Shape(cfg.model.path)
+    tokenizer = shape.tokenizer()
+    return ChatFormat(
+        tokenizer, chat_template(tokenizer, shape.gguf.metadata, template_variables or {})
+    )
 
 
 def steps(cfg, warnings: list[dict]) -> dict[str, Any]:
@@ -321,7 +325,6 @@ def steps(cfg, warnings: list[dict]) -> dict[str, Any]:
 
 def _sft_steps(cfg) -> dict[str, Any]:
     """SFT's steps as its loop counts them: the files tokenized with the model's template."""
-    from retrograd.algorithms.sft import total_steps
     from retrograd.data.sft import infer_format, load_sft_data
 
     ctx, fmt = cfg.training.ctx, cfg.sft.data_format
@@ -332,13 +335,25 @@ def _sft_steps(cfg) -> dict[str, Any]:
     tokenizer = chat.tokenizer if chat is not None else Shape(cfg.model.path).tokenizer()
     sets = [load_sft_data(p, tokenizer, ctx, fmt, chat) for p in paths]
     out = {
-        "total_steps": total_steps(sets[0], cfg.training),
+        "total_steps": _sft_total(sets[0], cfg.training),
         "iterations": cfg.training.epochs,
         "truncation_fraction": sets[0].truncated / max(1, sets[0].rows),
     }
     if len(sets) > 1:
         out["eval_truncation_fraction"] = sets[1].truncated / max(1, sets[1].rows)
     return out
+
+
+def _sft_total(data, training) -> int:
+    """Optimizer steps as SFT's loop takes them (algorithms/step.py groups_of, without torch):
+    each window of micro_batch x gradient_accumulation tokens with a trained target is one
+    step (a window without one joins the next as its context)."""
+    window = training.micro_batch * training.gradient_accumulation
+    per_epoch = 0
+    for example in data.examples:
+        mask, n = example.mask, len(example.ids)
+        per_epoch += sum(any(mask[a + 1 : min(a + window, n - 1) + 1]) for a in range(0, n, window))
+    return per_epoch * training.epochs
 
 
 def _preference_steps(cfg) -> dict[str, Any]:

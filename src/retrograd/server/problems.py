@@ -31,6 +31,7 @@ TYPES = {
     "method-not-allowed": (405, "Method not allowed"),
     "conflict": (409, "The request conflicts with the resource's state"),
     "payload-too-large": (413, "The request body is too large"),
+    "too-many-requests": (429, "Too many requests at once"),
     "unsupported-media-type": (415, "Unsupported media type"),
     "internal": (500, "Internal error"),
     "not-implemented": (501, "Not implemented yet"),
@@ -104,7 +105,12 @@ class Problem(Exception):
         }
 
 
-_BARE = ("device-busy", "timeout", "internal")  # their errors[] is always empty
+_BARE = (
+    "device-busy",
+    "timeout",
+    "internal",
+    "too-many-requests",
+)  # their errors[] is always empty
 _PATH = re.compile(r"(?<![\w.:/])(?:[A-Za-z]:)?(?:/[^\s'\"`,;:()\[\]{}]+)+")
 
 

@@ -116,11 +116,15 @@ def resolve(store: RunStore, runs: Runs, model_id: str) -> Target:
 
 
 class Serving:
-    """One loaded model at a time, its serve app, and when it was last used."""
+    """One loaded model at a time, its serve app, and when it was last used. A load waits at
+    most `device_wait` seconds for the runs holding the device (`busy()` true) to end, then
+    is refused (503, code device-busy)."""
 
-    def __init__(self, store: RunStore, idle_seconds: float):
+    def __init__(self, store: RunStore, idle_seconds: float, device_wait: float = 0.0, busy=None):
         self.store = store
         self.idle_seconds = idle_seconds
+        self.device_wait = device_wait
+        self.busy = busy or (lambda: False)
         self.key: tuple | None = None
         self.app = None
         self.used = 0.0
@@ -130,11 +134,26 @@ class Serving:
         key = (target.run.id, str(target.adapter), target.model_id)
         async with self.lock:
             if self.key != key:
+                await self._device_free()
                 self.close()
                 self.app = await asyncio.to_thread(_build, target)
                 self.key = key
             self.used = time.monotonic()
             return self.app
+
+    async def _device_free(self) -> None:
+        deadline = time.monotonic() + self.device_wait
+        while self.busy():
+            if time.monotonic() >= deadline:
+                raise ApiError(
+                    503,
+                    "a run holds the device; loading other weights waits for it "
+                    f"([serving] device_wait_seconds = {self.device_wait:g})",
+                    "model",
+                    "device-busy",
+                    {"Retry-After": "5"},
+                )
+            await asyncio.sleep(0.2)
 
     def close(self) -> None:
         if self.app is not None:
@@ -167,8 +186,12 @@ class ChatCompletions:
     """POST /v1/chat/completions: the body's `model` picks the weights; serve's app answers,
     or the live run's process."""
 
-    def __init__(self, store: RunStore, runs: Runs, serving: Serving, timeout: float):
+    def __init__(
+        self, store: RunStore, runs: Runs, serving: Serving, timeout: float, queue: int = 8
+    ):
         self.store, self.runs, self.serving, self.timeout = store, runs, serving, timeout
+        self.queue = queue  # requests waiting for the served model beyond the one answered
+        self.in_flight = 0
 
     async def __call__(self, scope, receive, send):
         body, more = b"", True
@@ -186,11 +209,31 @@ class ChatCompletions:
             if target.live:
                 response = await self._live(target, data)
                 return await response(scope, receive, send)
-            app = await self.serving.app_for(target)
+            if self.in_flight > self.queue:
+                raise ApiError(
+                    503,
+                    f"{self.in_flight} requests are already waiting for the served model "
+                    f"([serving] queue = {self.queue}); try again",
+                    None,
+                    "queue_full",
+                    {"Retry-After": "1"},
+                )
         except json.JSONDecodeError as error:
             return await openai_error(ApiError(400, f"the body is not JSON: {error}"))(
                 scope, receive, send
             )
+        except ApiError as error:
+            return await openai_error(error)(scope, receive, send)
+        self.in_flight += 1
+        try:
+            await self._served(target, body, scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _served(self, target: Target, body: bytes, scope, receive, send) -> None:
+        """The answer of serve's app over the target's weights (loaded when needed)."""
+        try:
+            app = await self.serving.app_for(target)
         except ApiError as error:
             return await openai_error(error)(scope, receive, send)
         replayed = False
@@ -240,7 +283,9 @@ async def _one_piece(body: dict, data: dict):
     yield "data: [DONE]\n\n"
 
 
-def model_routes(app, store: RunStore, runs: Runs, serving: Serving, timeout: float) -> None:
+def model_routes(
+    app, store: RunStore, runs: Runs, serving: Serving, timeout: float, queue: int = 8
+) -> None:
     """GET /v1/models, GET /v1/models/{model} and POST /v1/chat/completions on `app`."""
     from starlette.routing import Route
 
@@ -264,5 +309,5 @@ def model_routes(app, store: RunStore, runs: Runs, serving: Serving, timeout: fl
             return openai_error(error)
         return model_entry(model_id, target.run.created_at // 1000)
 
-    endpoint = ChatCompletions(store, runs, serving, timeout)
+    endpoint = ChatCompletions(store, runs, serving, timeout, queue)
     app.router.routes.append(Route(CHAT, endpoint, methods=["POST"]))

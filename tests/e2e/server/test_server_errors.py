@@ -262,12 +262,14 @@ def test_conflicts_patch_whitelist_and_idempotency(setup):
         assert codes(doc) == [("/id", "conflict")]
         r = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1, "epochs": 3}})
         assert codes(problem(r, 409, "conflict")) == [("/training/epochs", "override_conflict")]
-        problem(c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1}}), 501, "not-implemented")
+        patched = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.1}})  # at its next step
+        assert patched.status_code == 200 and patched.json()["applied"] == ["training.lr"]
+        assert c.get(f"/runs/{rid}").json()["effective_config"]["training"]["lr"] == 0.1
         r = c.patch(f"/runs/{rid}", json={"checkpoint": {"mode": "best_eval"}})
         doc = problem(r, 422, "invalid-request")  # best_eval needs [evaluation]
         assert "evaluation" in doc["detail"]
         assert codes(problem(c.post(f"/runs/{rid}/evaluate"), 409, "conflict")) == [
-            ("/id", "conflict")
+            ("/evaluation/data", "missing_field")
         ]  # no [evaluation]
         r = c.post(f"/runs/{rid}/cancel", json={"at": "now", "checkpoint": True})
         assert codes(problem(r, 422, "invalid-request")) == [("/checkpoint", "invalid_value")]
@@ -297,11 +299,16 @@ def test_missing_inputs_are_refused_and_a_run_that_fails_says_why(setup):
         text = good.replace(f'data = "{root / "data.txt"}"', f'data = "{root / "nope.txt"}"')
         r = c.post("/runs", content=text, headers={"Content-Type": "application/toml"})
         assert codes(problem(r, 422, "invalid-request")) == [("/sft/data", "path_not_found")]
-        (root / "junk.gguf").write_bytes(b"GGUF but nothing more")
+        (root / "junk.gguf").write_bytes(b"GGUF but nothing more")  # refused by its plan
         text = good.replace(f'path = "{model}"', f'path = "{root / "junk.gguf"}"')
+        r = c.post("/runs", content=text, headers={"Content-Type": "application/toml"})
+        assert codes(problem(r, 422, "invalid-request")) == [("/model/path", "unsupported_format")]
+        (root / "blank.txt").write_text("  \n")  # the plan warns; the run fails and says why
+        text = good.replace(f'data = "{root / "data.txt"}"', f'data = "{root / "blank.txt"}"')
         run = c.post("/runs", content=text, headers={"Content-Type": "application/toml"}).json()
+        assert [w["code"] for w in run["plan"]["warnings"]] == ["data_not_counted"]
         end = [d for k, d in server.events(run["id"]) if k == "terminal"][0]
-        assert end["status"] == "failed" and "junk.gguf" in end["error"]
+        assert end["status"] == "failed" and "blank.txt" in end["error"]
         view = c.get(f"/runs/{run['id']}").json()
         assert view["status"] == "failed" and view["error"] == end["error"]
         assert c.delete(f"/runs/{run['id']}").status_code == 204
