@@ -37,7 +37,7 @@ from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.trajectory import Trajectory
 from retrograd.agent.world import World
 from retrograd.algorithms import context, outputs, persist, rollout_run
-from retrograd.algorithms.evaluate import Patience, report_rewards
+from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
 from retrograd.data.sft import permutation
@@ -291,6 +291,9 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
             sinks.step(
                 pos.global_step, epoch, values, tokens, time.perf_counter() - t0, position=update
             )
+            cfg, rate = persist.boundary(
+                sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, roller, held_file)
+            )
             result.rewards.append(values[names.REWARD_MEAN])
             if held_file is not None and _evaluate_now(cfg, update):
                 improved = _evaluate(cfg, roller, held_file, pos, patience, result, sinks)
@@ -469,11 +472,23 @@ def _evaluate(cfg, roller, held_file, pos, patience, result, sinks) -> bool:
     """Mean environment reward of one trajectory per held-out scenario, seeds fixed for the
     run (the same adapter scores the same); never the judge."""
     t0 = time.perf_counter()
+    rewards = _held_rewards(cfg, roller, held_file)
+    return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
+
+
+def _held_rewards(cfg, roller, held_file) -> list[float]:
+    """One trajectory per held-out scenario, seeds fixed for the run: their rewards."""
     scenarios = held_out(list(held_file.scenarios), cfg.evaluation.max_examples)
     wanted = [(s, [derive_seed(cfg.agent.seed, EVALUATE, 0, i)]) for i, s in enumerate(scenarios)]
-    rolled = roll_waves(cfg, roller, wanted)
-    rewards = [(s.traj.reward or 0.0) for [s] in rolled]
-    return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
+    return [(s.traj.reward or 0.0) for [s] in roll_waves(cfg, roller, wanted)]
+
+
+def _measure(cfg, roller, held_file) -> dict | None:
+    """The held-out rewards with the weights as they are (None without [evaluation]), for a
+    client's question to a served run; patience is not told."""
+    if held_file is None:
+        return None
+    return reward_summary(_held_rewards(cfg, roller, held_file))
 
 
 def collect_groups(

@@ -214,6 +214,9 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
         sinks.step(
             pos.global_step, epoch, values, tokens, time.perf_counter() - t0, position=update
         )
+        cfg, rate = persist.boundary(
+            sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, sampler, model, teacher, held)
+        )
         if names.DISTILL_TEACHER_KL_MEAN in values:
             result.teacher_kl.append(values[names.DISTILL_TEACHER_KL_MEAN])
         log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
@@ -361,6 +364,16 @@ def _answer_metrics(answers: list[Rollout]) -> dict[str, float]:
         names.TRUNCATION_FRACTION: float(np.mean([r.truncated for r in answers])),
         names.TRAINED_FRACTION: float(np.mean([r.eligible for r in answers])),
     }
+
+
+def _measure(cfg, generator, model, teacher, held) -> dict | None:
+    """The held-out teacher KL (as `loss`) with the weights as they are (None without
+    [evaluation]), for a client's question to a served run; patience is not told."""
+    if held is None:
+        return None
+    prompts = held_out(held, cfg.evaluation.max_examples)
+    kl, _ = held_out_kl(cfg, generator, model, teacher, prompts)
+    return {"examples": len(prompts), "loss": kl, "teacher_kl": kl}
 
 
 def _evaluate_now(cfg, update: int) -> bool:

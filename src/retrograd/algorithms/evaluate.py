@@ -173,6 +173,20 @@ def report_rewards(rewards: list[float], pos, patience, result, sinks, seconds: 
     return improved
 
 
+def reward_summary(rewards: list[float]) -> dict[str, float]:
+    """What a client's evaluate of a rollout run answers (the run server): the held-out
+    answers' mean, lowest and highest reward, and accuracy, the share of them with a positive
+    reward (`retrograd bench`'s "> 0")."""
+    n = len(rewards)
+    return {
+        "examples": n,
+        "mean_reward": float(sum(rewards) / n),
+        "reward_min": float(min(rewards)),
+        "reward_max": float(max(rewards)),
+        "accuracy": sum(r > 0 for r in rewards) / n,
+    }
+
+
 EVALUATE = "evaluate"  # the seed purpose of held-out answers (seeds.derive_seed)
 
 

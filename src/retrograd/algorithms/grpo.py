@@ -212,6 +212,9 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             epoch = max(cursor - 1, 0) // len(stream.prompts) + 1  # the pass over the prompts
             seconds = time.perf_counter() - t0
             sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
+            cfg, rate = persist.boundary(
+                sinks, cfg, patience, lambda c=cfg: rollout_run.measure(c, sampler, program, held)
+            )
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             # evaluation, then the checkpoint that includes its patience

@@ -227,6 +227,25 @@ class Sinks:
         during the run (the run server's sinks)."""
         return cfg.checkpoint
 
+    def boundary(self, cfg, measure: Callable[[], dict | None]):
+        """The loop's boundary, after an update's (or a step's) report: the run server's
+        sinks act there on what a client asked meanwhile (pause, checkpoint, stop, questions
+        answered with the weights as they are; `measure()` is the loop's own evaluation
+        without patience, {field: value}, or None without evaluation data). -> the config the
+        run follows from here on: `cfg`, or `cfg` with the keys a client changed."""
+        return cfg
+
+
+def boundary(sinks: Sinks, cfg, patience, measure: Callable[[], dict | None]):
+    """Every loop's one hook (Sinks.boundary) -> (cfg, rate): the config the run follows from
+    here on and the base rate its schedule scales. A changed [training].lr replaces the base:
+    the schedule goes on from the same step (a warm-up keeps warming up toward the new rate, a
+    decay keeps decaying from it); a changed [evaluation].patience is the limit from now on."""
+    cfg = sinks.boundary(cfg, measure)
+    if cfg.evaluation is not None:
+        patience.patience = cfg.evaluation.patience
+    return cfg, base_lr(cfg.training, cfg.optimizer)
+
 
 def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{base tensor name: (A, B)} float32 arrays from trained (name, parameter) pairs (base
@@ -410,7 +429,8 @@ def _state(
             run.model.fingerprint,
             run.data_fingerprint,
             run.algorithm,
-            run.trajectory,
+            # the rate the run follows now: a served run's [training].lr may change mid-run
+            {**run.trajectory, "lr": t.lr, "base_lr": rate},
             __version__,
         ),
         scheduler=SchedulerState(t.lr_scheduler, mark.global_step, total, rate, t.warmup_steps, lr),

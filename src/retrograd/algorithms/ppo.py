@@ -186,6 +186,12 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             epoch = max(pos.cursor - 1, 0) // len(b.prompts) + 1  # the pass over the prompts
             seconds = time.perf_counter() - t0
             sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
+            cfg, b.rate = persist.boundary(
+                sinks,
+                cfg,
+                patience,
+                lambda c=cfg: rollout_run.measure(c, b.sampler, program, b.held),
+            )
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             mark = pos.mark(critic)

@@ -259,6 +259,9 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
                     sinks.warn(result.warnings[-1])
             tokens = sum(pairs[j].n_tokens for j in members)
             sinks.step(pos.global_step, epoch, values, tokens, time.perf_counter() - t0)
+            cfg, rate = persist.boundary(
+                sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, model, held, ref, loss_fn)
+            )
             result.losses.append(stats.loss)
             # 5. evaluate after an epoch's last step, before that step's checkpoint
             if last:
@@ -600,6 +603,19 @@ def drop_warning(limit: float, first: Scores, members: list[int], stats: PairSta
 
 
 # -- evaluation ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _measure(cfg, model, held, ref, loss_fn) -> dict | None:
+    """The held-out pairs' loss and reward accuracy with the weights as they are (None without
+    [evaluation]), for a client's question to a served run; patience is not told."""
+    if not held:
+        return None
+    refs = ref["eval"] if ref else None
+    members = list(range(len(held)))
+    stats = score_pairs(model.decoder, held, members, cfg, refs, loss_fn, train=False)
+    accuracy = stats.values(eval_names=True)[names.EVAL_ACCURACY]
+    return {"examples": len(held), "loss": stats.loss, "accuracy": accuracy}
 
 
 @torch.no_grad()

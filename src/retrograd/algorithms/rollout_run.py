@@ -132,3 +132,16 @@ def finish(
         }
     )
     return result
+
+
+def measure(cfg, generator, program, held) -> dict | None:
+    """The held-out rewards of a PPO or GRPO run with the weights as they are (None without
+    [evaluation]), for a client's question to a served run; patience is not told."""
+    from retrograd.algorithms.evaluate import held_out_rewards, reward_summary
+    from retrograd.rollout.sample import held_out
+
+    if held is None:
+        return None
+    prompts = held_out(held, cfg.evaluation.max_examples)
+    sampling = getattr(cfg, cfg.run.algorithm).sampling
+    return reward_summary(held_out_rewards(generator, program, prompts, sampling)[0])

@@ -41,6 +41,7 @@ from retrograd.optim import lr_at
 
 log = logging.getLogger(__name__)
 WINDOW = "window-kv.msgpack"  # artifact: the keys and values of a window cut by a checkpoint
+PROBE_EXAMPLES = 64  # what a client's evaluate of an offline distillation run measures
 
 
 @dataclass
@@ -186,6 +187,9 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
     opts = LossOptions(
         training.chunked_cross_entropy, training.chunked_ce_tiles, training.chunked_ce_seq_chunk
     )
+    # what a client's evaluate measures (run server): the held-out data; offline distillation,
+    # which takes no [evaluation], measures the first examples of its own corpus
+    probe, limit = (train, PROBE_EXAMPLES) if cfg.run.algorithm == "distill" else (held, None)
     kv = context.kv_dtype(model, training)
     result = SFTResult(Path(cfg.output.path), pos.global_step, pos.epoch, None, False, 0.0, 0)
     for epoch in range(pos.epoch, corpus.epochs):
@@ -222,6 +226,9 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
                 seconds = time.perf_counter() - t0
                 values = {names.TRAIN_LOSS: loss, names.LEARNING_RATE: lr}
                 sinks.step(pos.global_step, epoch, values, tokens, seconds)
+                cfg, rate = persist.boundary(
+                    sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, model, probe, limit)
+                )
                 log.debug(
                     "step %d (%s, group %d/%d): %d tokens, loss %.4f, lr %.3g, %.3f s",
                     pos.global_step,
@@ -275,6 +282,24 @@ def _advance(pos: Position, epoch: int, i: int, g: int, n_groups: int, n_example
     if i + 1 < n_examples:
         return Position(epoch, i + 1, 0, step)
     return Position(epoch + 1, 0, 0, step)
+
+
+def _measure(cfg, model, data: SFTDataset | None, limit: int | None = None) -> dict | None:
+    """Loss and perplexity on `data`'s trained tokens with the weights as they are (None
+    without data), one process (a client's question to a served run); patience is not told."""
+    if data is None:
+        return None
+    t = cfg.training
+    loss, _ = sft_loss(
+        model.decoder,
+        data,
+        limit,
+        seq_chunk=t.chunked_ce_seq_chunk,
+        chunked=t.chunked_cross_entropy,
+        tiles=t.chunked_ce_tiles,
+    )
+    examples = len(data.examples[:limit])
+    return {"examples": examples, "loss": loss, "perplexity": perplexity(loss)}
 
 
 def _evaluate(

@@ -6,11 +6,11 @@ reads RUN_DIR/run.json (the document and its base folder), validates it as a run
 the algorithm's loop with `ServerSinks`. What the loop reports goes to the server as JSON lines
 on the process's original stdout (fd 1 is pointed at stderr, so that nothing else can write
 there); the server's commands arrive as JSON lines on stdin and are acted on at the loop's next
-progress callback (the boundary: after an optimizer step): pause, resume, cancel (with or without
-a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), generate, chat and
-evaluate (answers from the weights as they are, sent back under the request's id; a paused run
-answers too). When stdin closes
-the server is gone and the process ends at once. The server never reads this module's memory.
+boundary (persist.boundary, after an update's or a step's report): pause, resume, cancel (with
+or without a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), patch
+(keys followed from then on), generate, chat and evaluate (answers from the weights as they are,
+sent back under the request's id; a paused run answers too). When stdin closes the server is
+gone and the process ends at once. The server never reads this module's memory.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from retrograd.algorithms.persist import Sinks
+from retrograd.server.documents import merge
 
 
 class Stop(BaseException):  # noqa: N818 - BaseException: the loops' `except Exception` must not take it
@@ -84,7 +85,8 @@ class ServerSinks(Sinks):
         self.want_checkpoint = False
         self.stop_after_checkpoint: str | None = None
         self.pause_after_checkpoint = False
-        self.patched: dict[str, Any] = {}  # [checkpoint] keys a client changed (PATCH)
+        self.patched: dict[str, dict[str, Any]] = {}  # {section: {key: value}} a client changed
+        self.measure = lambda: None  # the loop's own evaluation, without patience
 
     def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
         super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
@@ -114,7 +116,22 @@ class ServerSinks(Sinks):
         self.position = {"iteration": iteration, "global_step": global_step}
         self.channel.send("progress", **progress)
         self.channel.send("metrics", iteration=iteration, global_step=global_step, values=values)
+
+    def boundary(self, cfg, measure):
+        """What was asked since the last boundary, done; the config with a client's changes."""
+        self.measure = measure
         self._obey(self.channel.take())
+        return self.follow(cfg)
+
+    def follow(self, cfg):
+        """`cfg` with the [training] and [evaluation] keys a client changed ([checkpoint]'s
+        are checkpoint_section's)."""
+        changed = {
+            name: getattr(cfg, name).model_copy(update=keys)
+            for name, keys in self.patched.items()
+            if name in ("training", "evaluation") and getattr(cfg, name) is not None
+        }
+        return cfg.model_copy(update=changed) if changed else cfg
 
     def _obey(self, commands: list[dict[str, Any]]) -> None:
         for command in commands:
@@ -143,7 +160,7 @@ class ServerSinks(Sinks):
                 status, body = self.live.complete(command["request"])
                 self.channel.send("answer", request_id=rid, body=body, status=status)
             else:
-                owner = self if command["op"] == "patch" else self.live
+                owner = self if command["op"] in ("patch", "evaluate") else self.live
                 asked = getattr(owner, command["op"])(command["request"])
                 self.channel.send("answer", request_id=rid, body={**self.position, **asked})
         except Exception as error:  # the request's failure, not the run's
@@ -172,13 +189,24 @@ class ServerSinks(Sinks):
         return self.want_checkpoint
 
     def checkpoint_section(self, cfg):
-        ck = cfg.checkpoint
-        return ck.model_copy(update=self.patched) if ck is not None and self.patched else ck
+        ck, keys = cfg.checkpoint, self.patched.get("checkpoint")
+        return ck.model_copy(update=keys) if ck is not None and keys else ck
 
     def patch(self, request: dict[str, Any]) -> dict[str, Any]:
-        """New [checkpoint] keys, followed from this boundary on (the server checked them)."""
-        self.patched.update(request.get("checkpoint", {}))
-        return {"applied": [f"checkpoint.{k}" for k in request.get("checkpoint", {})]}
+        """New keys ({section: {key: value}}, checked by the server), followed from this
+        boundary on: the next step's rate, the next evaluation's schedule and patience, the
+        next checkpoint."""
+        for section, keys in request.items():
+            self.patched.setdefault(section, {}).update(keys)
+        return {"applied": [f"{s}.{k}" for s, keys in request.items() for k in keys]}
+
+    def evaluate(self, _request: dict[str, Any]) -> dict[str, Any]:
+        """The loop's own evaluation with the weights as they are; its best checkpoint and its
+        patience do not see it."""
+        measured = self.measure()
+        if measured is None:
+            raise ValueError("the run has no evaluation data ([evaluation].data)")
+        return measured
 
     def checkpoint(self, path: Path, global_step: int) -> None:
         super().checkpoint(path, global_step)
@@ -213,7 +241,6 @@ class LiveModel:
         self.cfg, self.model, self.plan = cfg, model, plan
         self.sampler = None
         self.ctx = 0  # the answers' context, with `chat` (the format) set by _ready
-        self.held = None  # an SFT run's evaluation data, loaded when first asked for
 
     def _ready(self) -> None:
         from retrograd.algorithms.context import chat_format
@@ -245,24 +272,6 @@ class LiveModel:
         message, finish = proto.message_of(answer.text, parsed)
         usage = proto.usage_of(answer)
         return 200, proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
-
-    def evaluate(self, _request: dict[str, Any]) -> dict[str, Any]:
-        """An SFT run's loss on its [evaluation] data with the weights as they are; the run's
-        own evaluations (best checkpoint, patience) are not touched."""
-        from retrograd.algorithms.evaluate import perplexity, sft_loss
-        from retrograd.algorithms.sft import load_data
-
-        if self.held is None:
-            self.held = load_data(self.cfg, self.model)[1]
-        t = self.cfg.training
-        loss, _ = sft_loss(
-            self.model.decoder,
-            self.held,
-            seq_chunk=t.chunked_ce_seq_chunk,
-            chunked=t.chunked_cross_entropy,
-            tiles=t.chunked_ce_tiles,
-        )
-        return {"examples": len(self.held.examples), "loss": loss, "perplexity": perplexity(loss)}
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         from retrograd.sampling import SampleRequest, SamplingParams
@@ -312,11 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     sinks = ServerSinks(channel, Console(file=sys.stderr, width=120))
+    sinks.patched = record.get("patched") or {}
     try:
-        cfg = validate_run(
-            record["document"], source="the run document", base_dir=record["base_dir"]
-        )
+        document = record["document"]
+        cfg = validate_run(document, source="the run document", base_dir=record["base_dir"])
         resume = True if args.resume and _has_checkpoint(cfg) else None
+        lr = sinks.patched.get("training", {}).get("lr")
+        if lr is not None:  # the rate it starts with: the patched one, or its checkpoint's
+            started = {"training": {"lr": _checkpoint_lr(cfg, lr) if resume else lr}}
+            cfg = validate_run(
+                merge(document, started), source="the run document", base_dir=record["base_dir"]
+            )
         LOOPS[cfg.run.algorithm]()(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
     except Stop as stop:
         channel.send(stop.outcome)
@@ -332,6 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     channel.send("completed")
     return 0
+
+
+def _checkpoint_lr(cfg, patched: float) -> float:
+    """The [training].lr the latest checkpoint was written with (persist._state records the
+    rate followed then): a checkpoint from before a PATCH resumes at its own rate, the patched
+    one following from the first boundary (its identity would refuse another)."""
+    from retrograd.checkpoint import latest_checkpoint
+    from retrograd.checkpoint.layout import read_manifest
+
+    settings = read_manifest(latest_checkpoint(cfg.checkpoint.directory))["trajectory_settings"]
+    return settings.get("lr", patched)
 
 
 def _has_checkpoint(cfg) -> bool:

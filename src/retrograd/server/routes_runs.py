@@ -389,9 +389,10 @@ async def cancel(request: Request, run_id: str):
 
 @router.patch("/runs/{run_id}")
 async def patch(request: Request, run_id: str):
-    """Whitelisted keys changed during a run (formats.md §9.3): [checkpoint] every_steps and
-    mode, followed from the run's next boundary and kept for its resume. training.lr and
-    [evaluation] are on the whitelist but cannot change yet (501)."""
+    """Whitelisted keys changed during a run (formats.md §9.3): [training].lr, [evaluation]
+    every_iterations and patience, [checkpoint] every_steps and mode. The run file as it would
+    be is checked against every rule; a live run follows the keys from its next boundary; run.json
+    keeps them (`patched`) for a resume, and an event says what changed."""
     config, store, runs = server_state(request)
     record = find_run(request, run_id)
     body = read_json_object(await request.body(), tuple(PATCHABLE))
@@ -410,31 +411,58 @@ async def patch(request: Request, run_id: str):
                 )
     if errors:
         raise Problem("conflict", "only the whitelisted keys change during a run", errors)
-    unbuilt = [f"{s}.{k}" for s, table in body.items() if s != "checkpoint" for k in table]
-    if unbuilt:
-        raise Problem("not-implemented", f"{', '.join(unbuilt)}: not changeable yet on this server")
     if record.status in TERMINAL:
         raise Problem("conflict", f"run {run_id} is {record.status}")
-    changed = body.get("checkpoint", {})
-    document = merge(record.document, {"checkpoint": changed})
+    patched = merge(record.patched, body)
+    # the run's document takes every key but the rate, which its checkpoints' identity holds
+    # (the run's process starts from the patched rate itself: child.py)
+    document = merge(record.document, {s: keys for s, keys in body.items() if s != "training"})
+    whole = merge(document, {"training": patched.get("training", {})})
     try:  # the run file as it would be: every rule still holds (best_eval needs [evaluation])
-        cfg = validate_run(document, source="the patched run", base_dir=record.base_dir)
+        cfg = validate_run(whole, source="the patched run", base_dir=record.base_dir)
     except ConfigError as error:
         issues = getattr(error, "issues", None) or []
         raise Problem("invalid-request", str(error), issues_to_errors(issues, RunConfig)) from None
-    applied: dict[str, Any] = {"applied": [f"checkpoint.{k}" for k in changed]}
+    if "lr" in body.get("training", {}):
+        _check_rate(run_id, cfg)
+    names = [f"{s}.{k}" for s, keys in body.items() for k in keys]
+    applied: dict[str, Any] = {"applied": names}
     if record.id in runs.live and record.status in LIVE:
-        applied = await _ask(request, run_id, "patch", {"checkpoint": changed})
+        applied = await _ask(request, run_id, "patch", body)
     with store.lock:
-        record.document = document
+        record.document, record.patched = document, patched
         record.effective_config = cfg.model_dump(mode="json", exclude_none=True)
-        for key in changed:
-            record.provenance[f"checkpoint.{key}"] = {"source": "override", "reason": "PATCH"}
+        for name in names:
+            record.provenance[name] = {"source": "override", "reason": "PATCH"}
         store.save(record)
-    out = _accepted(record, applied["applied"])
-    if "iteration" in applied:
-        out["applies_at_iteration"] = applied["iteration"]
+        out = _accepted(record, applied["applied"])
+        if "iteration" in applied:
+            out["applies_at_iteration"] = applied["iteration"]
+        changes = ", ".join(f"{s}.{k} = {v}" for s, keys in body.items() for k, v in keys.items())
+        at = out.get("applies_at_iteration")
+        runs.emit(
+            record,
+            "log",
+            {
+                "message": f"patched: {changes}" + (f" (from iteration {at})" if at else ""),
+                "patched": body,
+                "applies_at_iteration": at,
+            },
+        )
     return out
+
+
+def _check_rate(run_id: str, cfg) -> None:
+    """Refuse a new [training].lr that the run would not follow."""
+    from retrograd.optim.build import base_lr  # torch: only when a rate changes
+
+    if base_lr(cfg.training, cfg.optimizer) != cfg.training.lr:
+        raise Problem(
+            "conflict",
+            f"run {run_id} does not follow [training].lr: Muon leaves its adapter to AdamW at "
+            "[optimizer.muon].fallback_learning_rate",
+            [FieldError(pointer("training", "lr"), "conflict", "not the rate this run follows")],
+        )
 
 
 class GenerateRequest(BaseModel):
@@ -474,19 +502,18 @@ async def _ask(request: Request, run_id: str, op: str, asked: dict[str, Any]) ->
 
 @router.post("/runs/{run_id}/evaluate")
 async def evaluate(request: Request, run_id: str):
-    """An SFT run's loss on its [evaluation] data at its next boundary; neither its best
-    checkpoint nor its patience see it."""
+    """The run's own evaluation at its next boundary, with the weights as they are: loss and
+    perplexity (sft, offline distillation on its corpus), loss and reward accuracy
+    (preference), teacher KL (on-policy distillation), mean, lowest and highest reward and
+    accuracy (ppo, grpo, agent_grpo). Neither its best checkpoint nor its patience see it."""
     record = find_run(request, run_id)
     read_json_object(await request.body(), ())
-    if record.algorithm != "sft":
-        raise Problem(
-            "not-implemented",
-            f"evaluating a live {record.algorithm} run is not built yet (sft runs are)",
-        )
-    if "evaluation" not in record.effective_config:
+    offline = record.effective_config.get("distill", {}).get("mode") == "topk_offline"
+    if "evaluation" not in record.effective_config and not offline:
+        how = "add [evaluation] with data = a held-out file in the run's training format"
         raise Problem(
             "conflict",
-            f"run {run_id} has no [evaluation] data to evaluate on",
-            [FieldError(pointer("id"), "conflict", "the run has no [evaluation]")],
+            f"run {run_id} has no evaluation data; {how} to a new run (fork_from this one)",
+            [FieldError(pointer("evaluation", "data"), "missing_field", how)],
         )
     return await _ask(request, run_id, "evaluate", {})

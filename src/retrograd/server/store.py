@@ -83,6 +83,7 @@ class RunRecord:
     artifacts: dict[str, str] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     document: dict[str, Any] = field(default_factory=dict)  # what the run's process validates
+    patched: dict[str, Any] = field(default_factory=dict)  # {section: {key: value}} by PATCH
     base_dir: str = "."
     observed: bool = False
     objective: str | None = None
