@@ -426,6 +426,9 @@ class Decoder(nn.Module):
         self.logit_mul = 1.0 / cfg.logit_scale  # granite: logits / logit_scale
         self.checkpointing: tuple[int, torch.dtype] | None = None
         self.base_trained = False  # a Linear reads a trained weight (trainable/base.py)
+        # Blocks sharded by FSDP2 (distributed/fsdp.py): a block's weights exist whole only
+        # within its own pass, so no block may read the next one's norm ahead of time.
+        self.sharded = False
 
     @property
     def device(self) -> torch.device:
@@ -472,7 +475,8 @@ class Decoder(nn.Module):
         else:
             h = None
             for i, block in enumerate(self.blk):
-                nxt = self.blk[i + 1].attn_norm if i + 1 < len(self.blk) else None
+                last = i + 1 == len(self.blk) or self.sharded
+                nxt = None if last else self.blk[i + 1].attn_norm
                 x, h = block.step(x, ctx, h, nxt)
         if cache is not None:
             cache.length = start + T

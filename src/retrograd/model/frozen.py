@@ -18,6 +18,7 @@ import logging
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from retrograd.gguf import TensorInfo
 from retrograd.model.dequant import check_supported, dequantize, dequantize_rows
@@ -98,15 +99,37 @@ class FrozenTensor:
         self.name = info.name
         self.ggml_type = info.ggml_type
         self.shape = info.shape
-        self.raw = raw  # (n_bytes,) uint8
+        self._raw: torch.Tensor | None = raw  # (n_bytes,) uint8
+        self._home: tuple[nn.Module, str] | None = None
         self.cache = cache
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """The stored bytes (n_bytes,) uint8: held here, or the Parameter of the module they
+        were registered on (see `register_on`), read afresh at each use."""
+        if self._home is None:
+            return self._raw
+        module, name = self._home
+        return getattr(module, name)
+
+    def register_on(self, module: nn.Module, name: str) -> None:
+        """Hand the bytes to `module` as a frozen uint8 Parameter `name`; read them there from
+        now on. NOTE: FSDP2 shards Parameters alone and swaps the attribute between the local
+        shard and the gathered bytes (before forward, again before backward); nothing here may
+        keep a reference to either, so reading through the module is the only way in."""
+        module.register_parameter(name, nn.Parameter(self.raw, requires_grad=False))
+        self._home, self._raw = (module, name), None
 
     @property
     def device(self) -> torch.device:
         return self.raw.device
 
     def to(self, device: torch.device) -> FrozenTensor:
-        self.raw = self.raw.to(device)
+        if self._home is not None:
+            module, name = self._home
+            setattr(module, name, nn.Parameter(self.raw.to(device), requires_grad=False))
+        else:
+            self._raw = self._raw.to(device)
         return self
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
