@@ -180,7 +180,9 @@ def _discovery(app: FastAPI, config: ServerConfig) -> None:
 
     @app.get("/v1/defaults", tags=["discovery"])
     async def defaults():
-        return {"derived": DERIVED, "active_defaults": []}
+        from retrograd.server.recipes import DERIVED_RULES
+
+        return {"derived": DERIVED + DERIVED_RULES, "active_defaults": []}
 
     @app.get("/v1/config-schema", tags=["discovery"])
     async def config_schema():

@@ -278,11 +278,11 @@ def memory(cfg, shape: Shape) -> dict[str, Any]:
 # -- steps, iterations, truncation -----------------------------------------------------------
 
 
-def _chat(cfg, template_variables=None):
+def chat_format(model: Path, template_variables=None):
     """The model's chat format from its header (no weights, no torch)."""
     from retrograd.tokenizer import ChatFormat, chat_template
 
-    shape = Shape(cfg.model.path)
+    shape = Shape(model)
     tokenizer = shape.tokenizer()
     return ChatFormat(
         tokenizer, chat_template(tokenizer, shape.gguf.metadata, template_variables or {})
@@ -331,7 +331,7 @@ def _sft_steps(cfg) -> dict[str, Any]:
     paths = [cfg.sft.data] + ([cfg.evaluation.data] if cfg.evaluation is not None else [])
     chat = None
     if any(infer_format(Path(p), fmt) == "jsonl" for p in paths):
-        chat = _chat(cfg, cfg.sft.template_variables)
+        chat = chat_format(cfg.model.path, cfg.sft.template_variables)
     tokenizer = chat.tokenizer if chat is not None else Shape(cfg.model.path).tokenizer()
     sets = [load_sft_data(p, tokenizer, ctx, fmt, chat) for p in paths]
     out = {
@@ -359,7 +359,7 @@ def _sft_total(data, training) -> int:
 def _preference_steps(cfg) -> dict[str, Any]:
     from retrograd.algorithms import preference
 
-    pairs, _held, _prints = preference.load_pairs(cfg, _chat(cfg))
+    pairs, _held, _prints = preference.load_pairs(cfg, chat_format(cfg.model.path))
     return {"total_steps": preference.total_steps(pairs, cfg), "iterations": cfg.training.epochs}
 
 

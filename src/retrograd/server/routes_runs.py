@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,11 +93,20 @@ class PreflightRequest(BaseModel):
 # -- creating ---------------------------------------------------------------------------------
 
 
-async def _run_request(
-    request: Request,
-) -> tuple[dict | None, dict | None, str | None, str, Any]:
-    """(document, params, name, pointer of the document, fork_from) from a JSON or TOML
-    body."""
+@dataclass
+class Asked:
+    """What a PlanRequest asks for (formats.md §9.3), its form checked."""
+
+    document: dict | None
+    params: dict | None = None
+    name: str | None = None
+    where: str = "config"  # the document's pointer in the request ("" for TOML)
+    fork: Any = None
+    recipe: Any = None
+
+
+async def _run_request(request: Request) -> Asked:
+    """The PlanRequest of a JSON body, or the run file of a TOML one."""
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     body = await request.body()
     if media in ("application/toml", "text/toml", "application/x-toml"):
@@ -106,48 +116,87 @@ async def _run_request(
             raise Problem(
                 "invalid-request", str(error), [FieldError("", "unsupported_format", str(error))]
             ) from None
-        return document, None, request.query_params.get("name"), "", None
+        return Asked(document, name=request.query_params.get("name"), where="")
     if media != "application/json":
         raise Problem(
             "unsupported-media-type",
             f"{media}: send application/json (a PlanRequest) or application/toml (a run file)",
         )
     data = read_json_object(body, REQUEST_FIELDS)
-    if "recipe" in data:
-        raise Problem(
-            "not-implemented",
-            "recipe is not built yet on this server; send a whole run document as config",
-        )
-    fork = data.get("fork_from")
-    if not isinstance(data.get("config"), dict) and not (fork and "config" not in data):
-        raise _invalid("config", "missing_field", "required: the run document (or a TOML body)")
+    fork, recipe = data.get("fork_from"), data.get("recipe")
+    if recipe is not None and ("config" in data or fork is not None):
+        other = "config" if "config" in data else "fork_from"
+        raise _invalid(other, "invalid_value", "send exactly one of recipe, config, a TOML body")
+    if recipe is None and not isinstance(data.get("config"), dict):
+        if not (fork and "config" not in data):
+            raise _invalid("config", "missing_field", "required: the run document (or a TOML body)")
     params = data.get("params")
     if params is not None and not isinstance(params, dict):
         raise _invalid("params", "invalid_value", "must be an object: a partial run document")
     name = data.get("name")
     if name is not None and not isinstance(name, str):
         raise _invalid("name", "invalid_value", "must be a string")
-    return data.get("config"), params, name, "config", fork
+    where = "recipe" if recipe is not None else "config"
+    return Asked(data.get("config"), params, name, where, fork, recipe)
 
 
-async def _prepared(request: Request, run_dir):
-    """(the run prepared from the request, its name): documents.prepare over the document,
-    the fork's adapter (forks.py) when there is one."""
+async def _prepared(request: Request, run_dir: Path, calibrate: bool = False):
+    """(the run prepared from the request, the request, its plan): documents.prepare over the
+    document, the recipe's (recipes.py) or the fork's (forks.py); the plan within budgets."""
     config, store, _ = server_state(request)
-    document, params, name, where, fork = await _run_request(request)
+    asked = await _run_request(request)
+    if calibrate:
+        _can_calibrate(config)
+    if asked.recipe is not None:
+        return await _from_recipe(request, asked, run_dir)
     own, why = [], None
-    if fork is not None:
+    document = asked.document
+    if asked.fork is not None:
         with store.lock:
-            adapter, theirs, why = forks.source(fork, store, config)
+            adapter, theirs, why = forks.source(asked.fork, store, config)
         if document is None and theirs is None:
             raise _invalid("config", "missing_field", "required with fork_from {path}")
         document = forks.apply(document if document is not None else theirs, adapter)
         if adapter.is_relative_to(store.root.resolve()):
             own.append(adapter.parent)  # another run's folder: the server's own files
-    prepared = prepare(document, params, config, run_dir, where, request.app.state.datasets, own)
+    datasets = request.app.state.datasets
+    prepared = prepare(document, asked.params, config, run_dir, asked.where, datasets, own)
     if why is not None:
         prepared.provenance["lora.init_adapter"] = {"source": "derived", "reason": why}
-    return prepared, name
+    return prepared, asked, await planned(request, prepared)
+
+
+async def _from_recipe(request: Request, asked: Asked, run_dir: Path):
+    """A recipe's run: its document (recipes.py) with the params over it, the derived values'
+    reasons in the provenance, and the plan's levers applied while it is over the budgets."""
+    from retrograd.server import plans, recipes
+
+    config, datasets = request.app.state.config, request.app.state.datasets
+    recipe = await asyncio.to_thread(recipes.Recipe, asked.recipe, config, datasets, run_dir)
+    document, applied = recipe.document, []
+    while True:
+        prepared = prepare(document, asked.params, config, run_dir, "", datasets)
+        locked = set(plans.leaves(asked.params or {}))
+        for path, reason in recipe.reasons.items():
+            if path not in locked:
+                prepared.provenance[path] = {"source": "derived", "reason": reason}
+        try:
+            plan = await planned(request, prepared, recipe.limits, applied)
+        except Problem as problem:
+            unlocks = problem.meta.get("unlocks") if problem.kind == "insufficient-memory" else None
+            if not unlocks:
+                raise
+            for lever in unlocks:
+                document = recipe.apply_lever(document, lever)
+                applied.append(lever)
+            continue
+        plan["levers_applied"] = applied
+        for lever in applied:
+            prepared.provenance[lever["path"]] = {
+                "source": "derived",
+                "reason": "a lever of the plan, to fit the memory budget",
+            }
+        return prepared, asked, plan
 
 
 def _invalid(field: str, code: str, message: str) -> Problem:
@@ -226,11 +275,8 @@ async def run_probe(request: Request, kind: str, body: dict[str, Any]) -> dict[s
 
 @router.post("/plan")
 async def plan(request: Request, calibrate: bool = False):
-    config, store, _ = server_state(request)
-    if calibrate:
-        _can_calibrate(config)
-    prepared, _name = await _prepared(request, store.folder("run_plan"))
-    found = await planned(request, prepared)
+    _, store, _ = server_state(request)
+    prepared, _asked, found = await _prepared(request, store.folder("run_plan"), calibrate)
     if calibrate:
         await calibrated(request, prepared, found)
     return _dry(prepared, found)
@@ -238,7 +284,7 @@ async def plan(request: Request, calibrate: bool = False):
 
 @router.post("/runs", status_code=201)
 async def create_run(request: Request, response: Response, dry_run: bool = False):
-    config, store, runs = server_state(request)
+    _, store, runs = server_state(request)
     key = request.headers.get("idempotency-key")
     if key is not None:
         with store.lock:
@@ -247,18 +293,18 @@ async def create_run(request: Request, response: Response, dry_run: bool = False
                     response.status_code = 200
                     return view(record, runs)
     run_id = new_run_id()
-    prepared, name = await _prepared(request, store.folder(run_id).resolve())
-    found = await planned(request, prepared)
+    prepared, asked, found = await _prepared(request, store.folder(run_id).resolve())
     if dry_run:
         response.status_code = 200
         return _dry(prepared, found)
     cfg = prepared.config
     record = RunRecord(
         id=run_id,
-        name=name,
+        name=asked.name,
         status="queued",
         algorithm=cfg.run.algorithm,
         model=str(cfg.model.path),
+        objective=asked.recipe.get("objective") if asked.recipe is not None else None,
         created_at=now_ms(),
         effective_config=cfg.model_dump(mode="json", exclude_none=True),
         provenance=prepared.provenance,

@@ -99,8 +99,8 @@ def test_routes_methods_media_and_sizes(setup):
 
         r = c.post("/runs", content=chunks(), headers={"Content-Type": "application/toml"})
         problem(r, 413, "payload-too-large")
-        r = c.post("/runs", json={"recipe": {"model": str(model)}})
-        problem(r, 501, "not-implemented")
+        agentic = {"model": str(model), "objective": "agentic", "data": "x.jsonl"}
+        problem(c.post("/runs", json={"recipe": agentic}), 501, "not-implemented")
 
 
 def stalled(server, path: str, media: str) -> tuple[bytes, dict]:
