@@ -3,7 +3,8 @@
 `POST /v1/runs` sends a whole run document (JSON `config`, or TOML) and `params` (a partial
 document laid over it). Before the run-file loader sees it, this module
 - refuses server-declared fields (programs, endpoints, keys: `server-declared`) and replaces
-  catalogue references (`reward = {id = "..."}`, `judge = {id = "..."}`) by the entries the
+  catalogue references (`reward = {id = "..."}`, `judge = {id = "..."}`, `[agent]
+  environment = {id = "..."}` and `mcp_servers = [{id = "..."}, ...]`) by the entries the
   operator declared (`unknown-catalog-id` for an id nobody declared);
 - fills what a served run needs and a file run leaves to its author: [output].path and a
   [checkpoint] under the run's own folder, so that every run can be resumed and downloaded;
@@ -33,9 +34,9 @@ SERVER_DECLARED = {
     ("grpo", "reward_command"): "reward = { id = ... } (GET /v1/rewards)",
     ("grpo", "judge"): "judge = { id = ... } (GET /v1/judges)",
     ("agent", "judge"): "judge = { id = ... } (GET /v1/judges)",
-    ("agent", "mcp_servers"): "an [[mcp_server]] of the catalogue (GET /v1/mcp-servers)",
-    ("agent", "mcp_config"): "an [[mcp_server]] of the catalogue (GET /v1/mcp-servers)",
-    ("agent", "environment"): "an [[environment]] of the catalogue (GET /v1/environments)",
+    ("agent", "mcp_servers"): "mcp_servers = [{ id = ... }] (GET /v1/mcp-servers)",
+    ("agent", "mcp_config"): "mcp_servers = [{ id = ... }] (GET /v1/mcp-servers)",
+    ("agent", "environment"): "environment = { id = ... } (GET /v1/environments)",
     ("agent", "collect_api"): "nothing: a served run does not collect",
     ("agent", "scenario_generation"): "nothing: a served run does not generate scenarios",
 }
@@ -72,15 +73,34 @@ DERIVED = [
         "thresholds": {},
     },
     {
-        "path": "grpo.judge",
-        "rule": "the [[judge]] entry named by grpo.judge = {id}",
-        "applies_to": "grpo",
+        "path": "grpo.judge, agent.judge",
+        "rule": "the [[judge]] entry named by <section>.judge = {id}",
+        "applies_to": "grpo, agent_grpo",
+        "client_can_set": False,
+        "thresholds": {},
+    },
+    {
+        "path": "agent.environment",
+        "rule": "the [[environment]] entry named by agent.environment = {id}",
+        "applies_to": "agent_grpo",
+        "client_can_set": False,
+        "thresholds": {},
+    },
+    {
+        "path": "agent.mcp_servers",
+        "rule": "the [[mcp_server]] entries named by agent.mcp_servers = [{id}, ...] (name: the id)",
+        "applies_to": "agent_grpo",
         "client_can_set": False,
         "thresholds": {},
     },
 ]
 REWARD_SECTIONS = ("ppo", "grpo")
-JUDGE_SECTIONS = ("grpo",)
+# (section, key, catalogue) of the tables a client names by id
+TABLES = (
+    ("grpo", "judge", "judge"),
+    ("agent", "judge", "judge"),
+    ("agent", "environment", "environment"),
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +156,8 @@ def prepare(
         errors = issues_to_errors(issues, RunConfig, prefix) if issues else []
         raise Problem("invalid-request", str(error), errors) from None
     own = [run_dir, *own] + ([datasets.root] if datasets is not None else [])
-    check_paths(config, server, prefix, own)
+    operator = [k for k, v in provenance.items() if v.get("reason", "").startswith("[[")]
+    check_paths(config, server, prefix, own, operator)
     return Prepared(doc, config, provenance, base_dir, where)
 
 
@@ -163,16 +184,14 @@ def _refuse_declared(doc: dict[str, Any], prefix: tuple[str, ...]) -> None:
     errors = []
     for (section, name), instead in SERVER_DECLARED.items():
         table = doc.get(section)
-        if isinstance(table, dict) and name in table:
-            value = table[name]
-            if name in ("reward_command",) or not _is_reference(value):
-                errors.append(
-                    FieldError(
-                        pointer(*prefix, section, name),
-                        "server_declared",
-                        f"[{section}].{name} is declared by the server operator; reference {instead}",
-                    )
+        if isinstance(table, dict) and name in table and not _referenced(name, table[name]):
+            errors.append(
+                FieldError(
+                    pointer(*prefix, section, name),
+                    "server_declared",
+                    f"[{section}].{name} is declared by the server operator; reference {instead}",
                 )
+            )
     if errors:
         raise Problem(
             "server-declared",
@@ -185,13 +204,21 @@ def _is_reference(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"id"}
 
 
+def _referenced(name: str, value: Any) -> bool:
+    """Whether a declared field holds catalogue references only (resolved later)."""
+    if name == "mcp_servers":
+        return isinstance(value, list) and all(_is_reference(v) for v in value)
+    return name != "reward_command" and _is_reference(value)
+
+
 def _resolve_catalogue(
     doc: dict[str, Any],
     server: ServerConfig,
     prefix: tuple[str, ...],
     provenance: dict[str, dict[str, str]],
 ) -> None:
-    """`reward = {id}` and `judge = {id}` replaced by the catalogue's entries."""
+    """`reward = {id}`, `judge = {id}`, `environment = {id}` and `mcp_servers = [{id}, ...]`
+    replaced by the catalogue's entries."""
     errors = []
     for section in REWARD_SECTIONS:
         table = doc.get(section)
@@ -207,22 +234,36 @@ def _resolve_catalogue(
                 "source": "derived",
                 "reason": f"[[reward]] {entry.id}",
             }
-    for section in JUDGE_SECTIONS:
+    for section, key, kind in TABLES:
         table = doc.get(section)
-        if not isinstance(table, dict) or not _is_reference(table.get("judge")):
+        if not isinstance(table, dict) or not _is_reference(table.get(key)):
             continue
-        ref = table["judge"]
-        entry = _entry(server, "judge", ref, pointer(*prefix, section, "judge", "id"), errors)
+        where = pointer(*prefix, section, key, "id")
+        entry = _entry(server, kind, table[key], where, errors)
         if entry is not None:
-            table["judge"] = entry.model_dump(
-                mode="json", exclude={"id", "description"}, exclude_unset=True
-            )
-            provenance[f"{section}.judge"] = {
+            table[key] = _declared(entry)
+            provenance[f"{section}.{key}"] = {
                 "source": "derived",
-                "reason": f"[[judge]] {entry.id}",
+                "reason": f"[[{kind}]] {entry.id}",
+            }
+    agent = doc.get("agent")
+    servers = agent.get("mcp_servers") if isinstance(agent, dict) else None
+    for i, ref in enumerate(servers if isinstance(servers, list) else []):
+        where = pointer(*prefix, "agent", "mcp_servers", str(i), "id")
+        entry = _entry(server, "mcp_server", ref, where, errors)
+        if entry is not None:
+            servers[i] = {**_declared(entry), "name": entry.name or entry.id}
+            provenance[f"agent.mcp_servers.{i}"] = {
+                "source": "derived",
+                "reason": f"[[mcp_server]] {entry.id}",
             }
     if errors:
         raise Problem("unknown-catalog-id", "the document references undeclared entries", errors)
+
+
+def _declared(entry) -> dict[str, Any]:
+    """A catalogue entry as the run file's table: its backend keys, without id and description."""
+    return entry.model_dump(mode="json", exclude={"id", "description"}, exclude_unset=True)
 
 
 def _entry(server: ServerConfig, kind: str, ref: Any, where: str, errors: list) -> Any:
@@ -316,16 +357,24 @@ def check_file(path: Path, server: ServerConfig, place: tuple[str, ...]) -> Path
 
 
 def check_paths(
-    config: RunConfig, server: ServerConfig, prefix: tuple[str, ...], own: list[Path]
+    config: RunConfig,
+    server: ServerConfig,
+    prefix: tuple[str, ...],
+    own: list[Path],
+    operator: list[str] = (),
 ) -> None:
     """Every path of the run inside a path root (the run's own folder always is), none at all
-    when the server does not take local paths; then every file the run reads must exist."""
+    when the server does not take local paths; then every file the run reads must exist.
+    `operator`: the places ("agent.environment") the server's catalogue filled, whose paths
+    are the operator's."""
     errors = []
     for place, path in config_paths(config):
         if any(inside(path, folder) for folder in own):  # the run's folder, the datasets
             continue
-        where = pointer(*prefix, *place)
         key = ".".join(str(p) for p in place)
+        if any(key == o or key.startswith(o + ".") for o in operator):
+            continue
+        where = pointer(*prefix, *place)
         if not server.local_paths:
             errors.append(
                 FieldError(

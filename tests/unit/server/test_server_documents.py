@@ -97,3 +97,65 @@ def test_no_local_paths_when_the_server_takes_none(tmp_path):
     assert caught.value.kind == "forbidden-path"
     found = {e.pointer: e.code for e in caught.value.errors}
     assert found == {"/config/model/path": "needs_opt_in", "/config/grpo/prompts": "needs_opt_in"}
+
+
+AGENT = {
+    "run": {"algorithm": "agent_grpo"},
+    "model": {"path": "m.gguf"},
+    "lora": {"rank": 2},
+    "agent": {
+        "scenarios": "s.jsonl",
+        "updates": 1,
+        "scenarios_per_update": 1,
+        "group_size": 2,
+        "judge": {"id": "gemma"},
+        "environment": {"id": "sandbox"},
+        "mcp_servers": [{"id": "calc"}],
+    },
+}
+AGENT_CATALOGUE = """
+[[mcp_server]]
+id = "calc"
+command = ["python3", "calc.py"]
+stateless = true
+allowed_tools = ["add"]
+[[environment]]
+id = "sandbox"
+type = "local"
+allow_unsandboxed = true
+[environment.tools]
+default = "base"
+files = ["{outside}/tools.toml"]
+"""
+
+
+def test_agentic_runs_name_judges_environments_and_mcp_servers_by_id(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "operator"
+    root.mkdir()
+    outside.mkdir()
+    for name in ("m.gguf", "s.jsonl"):
+        (root / name).write_bytes(b"")
+    (outside / "tools.toml").write_text("")
+    extra = f'path_roots = ["{root}"]\n' + AGENT_CATALOGUE.format(outside=outside)
+    config = server(tmp_path, extra)
+    # the environment's tool file lies outside the path roots: the operator's, not refused
+    prepared = prepare(AGENT, None, config, root / "run_1")
+    a = prepared.config.agent
+    assert a.judge.type == "ruler" and a.judge.model == "gemma"
+    assert a.environment.type == "local" and a.environment.tools.files == [outside / "tools.toml"]
+    [mcp] = a.mcp_servers
+    assert (mcp.name, mcp.command, mcp.allowed_tools, mcp.stateless) == (
+        "calc",
+        ["python3", "calc.py"],
+        ["add"],
+        True,
+    )
+    assert prepared.provenance["agent.mcp_servers.0"]["reason"] == "[[mcp_server]] calc"
+    assert prepared.provenance["agent.environment"]["reason"] == "[[environment]] sandbox"
+    bad = {**AGENT, "agent": {**AGENT["agent"], "mcp_servers": [{"id": "calc"}, {"id": "nope"}]}}
+    with pytest.raises(Problem) as caught:
+        prepare(bad, None, config, root / "run_2")
+    assert caught.value.kind == "unknown-catalog-id"
+    assert [(e.pointer, e.code) for e in caught.value.errors] == [
+        ("/config/agent/mcp_servers/1/id", "unknown_catalog_id")
+    ]

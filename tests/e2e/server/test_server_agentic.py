@@ -1,0 +1,148 @@
+"""retrograd-server end to end: runs whose programs, judges, MCP servers and environments are
+the operator's, named by id from the server's catalogue; evaluated while they train."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.e2e.server.test_server_runs import wait_for
+from tests.e2e.test_train_agent import JUDGE
+from tests.e2e.test_train_grpo import PROMPTS, REWARD
+from tests.factories.agents import CHAT_TEMPLATE
+from tests.factories.mcp_server import stdio_command
+from tests.factories.run_server import RunServer
+from tests.factories.tiny_gguf import write_tiny
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A server whose catalogue declares a reward, a command judge, an MCP server (the test
+    one, over stdio) and a local environment; and the tiny chat model."""
+    tmp = tmp_path_factory.mktemp("agentic")
+    model = write_tiny(tmp / "tiny.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
+    (tmp / "reward.py").write_text(REWARD)
+    (tmp / "judge.py").write_text(JUDGE)
+    py = json.dumps(sys.executable)
+    catalogue = f"""
+[[reward]]
+id = "letters"
+command = [{py}, "{tmp / "reward.py"}"]
+[[judge]]
+id = "letters-judge"
+type = "command"
+command = [{py}, "{tmp / "judge.py"}"]
+[[mcp_server]]
+id = "calc"
+command = {json.dumps(stdio_command())}
+stateless = true
+allowed_tools = ["add"]
+[[environment]]
+id = "sandbox"
+type = "local"
+allow_unsandboxed = true
+[environment.tools]
+default = "mini"
+[environment.tools.toolset.mini]
+tools = ["write_file"]
+"""
+    with RunServer(tmp / "state", toml=catalogue) as server:
+        yield server, model, tmp
+
+
+def start(client, document: dict) -> dict:
+    r = client.post("/runs", json={"config": document})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_grpo_with_a_catalogue_reward_and_judge_is_evaluated_while_it_trains(served):
+    server, model, tmp = served
+    lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
+    (tmp / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    document = {
+        "run": {"algorithm": "grpo"},
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
+        "training": {"lr": 0.02, "ctx": 64, "micro_batch": 64},
+        "grpo": {
+            "prompts": str(tmp / "prompts.jsonl"),
+            "reward": {"id": "letters"},
+            "judge": {"id": "letters-judge"},
+            "judge_weight": 0.5,
+            "updates": 100,  # far more than the test waits for
+            "prompts_per_update": 2,
+            "group_size": 2,
+            "grpo_epochs": 1,
+            "clip_range_low": 0.2,
+            "clip_range_high": 0.28,
+            "kl_coefficient": 0.0,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 6, "seed": 3},
+        },
+        "evaluation": {"data": str(tmp / "prompts.jsonl"), "every_iterations": 1000},
+    }
+    with server.client() as c:
+        run = start(c, document)
+        judge = run["effective_config"]["grpo"]["judge"]
+        assert judge["type"] == "command" and judge["command"][-1].endswith("judge.py")
+        assert run["provenance"]["grpo.judge"]["reason"] == "[[judge]] letters-judge"
+        events = server.events(run["id"])
+        assert wait_for(events, "progress")["iteration"] == 1
+        measured = c.post(f"/runs/{run['id']}/evaluate").json()
+        assert measured["examples"] == len(PROMPTS) and measured["iteration"] >= 1
+        low, mean, high = (measured[k] for k in ("reward_min", "mean_reward", "reward_max"))
+        assert 0 <= low <= mean <= high <= 1 and 0 <= measured["accuracy"] <= 1
+        assert c.post(f"/runs/{run['id']}/cancel", json={"at": "now"}).status_code == 202
+        assert wait_for(events, "terminal")["status"] == "cancelled"
+
+
+def test_agent_grpo_with_a_catalogue_mcp_server_and_environment_trains_and_evaluates(served):
+    server, model, tmp = served
+    scenarios = [
+        {
+            "id": f"file-{i}",
+            "user": f"write {i} into answer.txt",
+            "metadata": {"env": {"verify": {"command": ["grep", "-qx", str(i), "answer.txt"]}}},
+        }
+        for i in range(4)
+    ]
+    (tmp / "scenarios.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scenarios))
+    document = {
+        "run": {"algorithm": "agent_grpo"},
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
+        "training": {"lr": 0.02, "ctx": 512, "micro_batch": 512},
+        "agent": {
+            "scenarios": str(tmp / "scenarios.jsonl"),
+            "updates": 100,
+            "scenarios_per_update": 2,
+            "group_size": 2,
+            "epochs_per_update": 1,
+            "max_turns": 2,
+            "max_new_tokens_per_turn": 16,
+            # a random tiny model rarely ends a turn: its cut trajectories train at the
+            # group's lowest reward rather than stop the run
+            "truncation": "min_reward",
+            "max_dropped_fraction": 1.0,
+            "skip_empty_updates": True,
+            "mcp_servers": [{"id": "calc"}],
+            "environment": {"id": "sandbox"},
+        },
+        "evaluation": {"data": str(tmp / "scenarios.jsonl"), "every_iterations": 1000},
+    }
+    with server.client() as c:
+        run = start(c, document)
+        agent = run["effective_config"]["agent"]
+        assert agent["environment"]["type"] == "local"
+        [mcp] = agent["mcp_servers"]
+        assert mcp["name"] == "calc" and mcp["allowed_tools"] == ["add"]
+        events = server.events(run["id"])
+        first = wait_for(events, "progress")  # its first update, rolled out and trained
+        assert first["iteration"] == 1 and "reward" in first
+        measured = c.post(f"/runs/{run['id']}/evaluate").json()  # one trajectory a scenario
+        assert measured["examples"] == 4 and 0 <= measured["accuracy"] <= 1
+        assert measured["reward_min"] <= measured["mean_reward"] <= measured["reward_max"]
+        assert c.post(f"/runs/{run['id']}/cancel", json={"at": "now"}).status_code == 202
+        assert wait_for(events, "terminal")["status"] == "cancelled"
