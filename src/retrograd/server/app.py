@@ -151,15 +151,24 @@ def _discovery(app: FastAPI, config: ServerConfig) -> None:
             "total_bytes": total,
             "free_bytes": free,
         }
+        from retrograd.server.plans import gpu, total_vram
+
+        devices = [{k: v for k, v in cpu.items() if v is not None}]
+        found = await asyncio.to_thread(gpu)
+        if found is not None:
+            devices.append(
+                {"kind": "cuda", "name": "cuda:0", "description": found[0], "total_bytes": found[1]}
+            )
         return {
             "execution_profile_schema_version": 1,
             "backends": backends(),
-            "devices": [{k: v for k, v in cpu.items() if v is not None}],
+            "devices": devices,
             "unified_memory": False,
             "budgets": {
                 "vram": config.vram_budget.describe(),
                 "ram": config.ram_budget.describe(),
                 "ram_bytes": config.ram_budget.bytes_of(total),
+                "vram_bytes": config.vram_budget.bytes_of(total_vram()),
                 "margin": config.margin,
             },
             "features": {

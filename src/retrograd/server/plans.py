@@ -43,19 +43,20 @@ OPTIMIZER_BYTES = {"adamw": 8, "muon": 4, "gefen": 2, "sgd": 0}
 ROLLOUT = ("ppo", "grpo", "agent_grpo")
 
 
-def _total_vram() -> int | None:
-    """The first GPU's memory in bytes, from nvidia-smi (no torch), or None without one."""
+def _gpu() -> tuple[str, int] | None:
+    """(name, bytes) of the first GPU, from nvidia-smi (no torch), or None without one."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
-        return int(out.split()[0]) << 20
+        name, mib = out.splitlines()[0].rsplit(",", 1)
+        return name.strip(), int(mib) << 20
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
 
@@ -70,13 +71,19 @@ def total_ram() -> int | None:
     return None
 
 
-_VRAM: list[int | None] = []
+_GPU: list[tuple[str, int] | None] = []
+
+
+def gpu() -> tuple[str, int] | None:
+    """The first GPU (name, total bytes), asked once per process."""
+    if not _GPU:
+        _GPU.append(_gpu())
+    return _GPU[0]
 
 
 def total_vram() -> int | None:
-    if not _VRAM:
-        _VRAM.append(_total_vram())
-    return _VRAM[0]
+    found = gpu()
+    return found[1] if found is not None else None
 
 
 def on_gpu(cfg) -> bool:
