@@ -109,8 +109,32 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(config)
     # open event streams get a few seconds after Ctrl-C, then the live runs are asked to stop
     server = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
-    uvicorn.Server(server).run(sockets=[sock])
+    _server(server, app.state.runs).run(sockets=[sock])
     return 0
+
+
+def _server(config, runs):
+    """uvicorn's server with the run server's Ctrl-C: the first (or SIGTERM) stops listening
+    and asks the live runs to checkpoint and stop at their next boundary (600 s at most); a
+    second abandons them at once (runner.Runs.abandon)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:
+                print("retrograd-server: abandoning the live runs", file=sys.stderr, flush=True)
+                runs.abandon()
+                self.force_exit = True
+            elif runs.live:
+                print(
+                    "retrograd-server: stopping; live runs checkpoint at their next boundary "
+                    "(Ctrl-C again abandons them)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _budget_flag(value: str | None):

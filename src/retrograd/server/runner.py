@@ -60,6 +60,7 @@ class Runs:
         self.live: dict[str, Live] = {}
         self.queue: list[tuple[str, bool]] = []  # (run id, resume) in start order
         self.closing = False
+        self.abandoned = threading.Event()
 
     # -- events and statuses (callers hold store.lock) ------------------------------------
 
@@ -264,6 +265,16 @@ class Runs:
             if not live.done.wait(max(0.0, deadline - time.monotonic())):
                 _kill(live.process)
                 live.done.wait(10)
+
+    def abandon(self) -> None:
+        """A second Ctrl-C: every live run's process killed at once, without a checkpoint; the
+        runs are `interrupted` (on disk now, or when the server next starts). Called from a
+        signal handler: takes no lock."""
+        self.closing = True
+        self.abandoned.set()
+        for live in list(self.live.values()):
+            live.outcome = "interrupted"
+            _kill(live.process)
 
 
 def _kill(process: subprocess.Popen) -> None:
