@@ -27,12 +27,12 @@ import logging
 import warnings
 from collections.abc import Iterable
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from retrograd.errors import ConfigError
 from retrograd.model.decoder import Decoder
 from retrograd.model.layers import Linear
 from retrograd.model.moe import Experts
@@ -53,19 +53,23 @@ POLICY = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
 LOCKSTEP_LOOPS = ("sft", "distill/topk_offline")
 
 
+def check_loop(loop: str) -> None:
+    """Refuse fsdp2 for a loop whose ranks do not run the same passes (`[run].algorithm`, or
+    distill/<mode>)."""
+    if loop not in LOCKSTEP_LOOPS:
+        raise ConfigError(
+            f'[training].parallel = "fsdp2": [run].algorithm = {loop!r} does not run its ranks '
+            'in step (each rank scores or samples its own share) in this version; use "ddp", '
+            f"or train {' or '.join(LOCKSTEP_LOOPS)} with fsdp2"
+        )
+
+
 def wrap_trainable(model, trainables, cfg, world):
     """[training].parallel = "fsdp2" on several ranks: the blocks sharded, the trained tensors
     replicated as under ddp (the same Replicas, whose sum_step adds their gradients)."""
     from retrograd import distributed
-    from retrograd.errors import ConfigError
 
-    loop = distributed.loop_name(cfg)
-    if loop not in LOCKSTEP_LOOPS:
-        raise ConfigError(
-            f'[training].parallel = "fsdp2": [run].algorithm = {loop!r} does not run its ranks '
-            f'in step (each rank samples its own answers) in this version; use "ddp", or '
-            f"train {', '.join(LOCKSTEP_LOOPS)} with fsdp2"
-        )
+    check_loop(distributed.loop_name(cfg))
     shard_decoder(model.decoder, trainables.params)
     replicas = distributed.Replicas(world)
     replicas.make_equal(trainables.params)
@@ -107,6 +111,14 @@ def shard_decoder(
     # head is used outside forward; the root's fully_shard only drives the blocks' passes.
     fully_shard(decoder, mesh=mesh, mp_policy=POLICY, ignored_params=set(_direct(decoder)))
     decoder.sharded = True
+    mib = 1 << 20
+    log.info(
+        "fsdp2: %d blocks sharded over %d ranks: %.1f MiB of their %.1f MiB on this rank",
+        len(decoder.blk),
+        mesh.size(),
+        local_bytes(decoder) / mib,
+        block_bytes(decoder) / mib,
+    )
     return mesh
 
 
@@ -133,10 +145,5 @@ def local_bytes(decoder: Decoder) -> int:
 
 def block_bytes(decoder: Decoder) -> int:
     """The bytes of all block weights, whole (what one process holds)."""
-    total = 0
-    for module in decoder.blk.modules():
-        if isinstance(module, (Linear, Experts)):
-            f = module.frozen
-            shape = f.raw.shape
-            total += int(torch.Size(shape).numel())
-    return total
+    modules = decoder.blk.modules()
+    return sum(m.frozen.raw.numel() for m in modules if isinstance(m, (Linear, Experts)))

@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from retrograd import distributed
+from retrograd.config.load import validate_run
+from retrograd.distributed import World
+from retrograd.errors import ConfigError
 from retrograd.gguf import GGUFFile
 from retrograd.model.fsdp2 import BYTES, register_block_bytes
 from retrograd.model.loader import build_decoder
+from tests.unit.config.config_runs import run_doc
 
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
 ENV = {"OMP_NUM_THREADS": "1", "RETRO_THREADS": "1", "RETRO_COMPILE": "0"}
@@ -74,3 +79,13 @@ def test_registered_bytes_are_read_through_the_module(tiny_model):
         assert q.frozen.raw is getattr(q, BYTES)
         setattr(q, BYTES, torch.nn.Parameter(torch.zeros_like(q.raw), requires_grad=False))
         assert not torch.equal(decoder.head(decoder(ids)), before)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "preference"])
+def test_loops_whose_ranks_do_not_run_in_step_are_refused(algorithm):
+    w = World(rank=0, size=2, parallel="fsdp2")
+    distributed.check_loop(validate_run(run_doc("sft")), w)
+    cfg = validate_run(run_doc(algorithm, training={"parallel": "fsdp2"}))
+    with pytest.raises(ConfigError, match=rf"fsdp2.*{algorithm!r} does not run its ranks in step"):
+        distributed.check_loop(cfg, w)
+    distributed.check_loop(cfg, World(rank=0, size=2, parallel="ddp"))
