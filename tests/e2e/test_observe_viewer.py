@@ -19,22 +19,10 @@ import pytest
 
 from retrograd.config.tracking import ObserveSection
 from retrograd.observe.rollouts import ObserveWriter
+from tests.factories.browser import HEADLESS, chromium
 from tests.factories.rollouts import finish_update, make_groups, write_run
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 HOSTILE = "<b>not bold</b> & ünïcödé ✓"
-
-
-def chromium() -> str:
-    for name in BROWSERS:
-        if path := shutil.which(name):
-            return path
-    pytest.fail(
-        "headless Chromium is needed to test the rollout viewer and none of "
-        f"{', '.join(BROWSERS)} is on PATH: install it (Debian: apt-get install -y chromium; "
-        ".ci/run does so when it is missing)",
-        pytrace=False,
-    )
 
 
 def browse(url: str, tmp_path: Path, *args: str) -> str:
@@ -42,14 +30,7 @@ def browse(url: str, tmp_path: Path, *args: str) -> str:
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
     command = [
         chromium(),
-        "--headless",
-        "--no-sandbox",  # as root (CI containers) Chromium refuses to start without it
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+        *HEADLESS,
         f"--user-data-dir={profile}",
         "--window-size=1400,1000",
         "--virtual-time-budget=5000",

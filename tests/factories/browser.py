@@ -26,6 +26,16 @@ from pathlib import Path
 import pytest
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+HEADLESS = (
+    "--headless",
+    "--no-sandbox",  # as root (CI containers) Chromium refuses to start without it
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def chromium() -> str:
@@ -72,14 +82,7 @@ class Browser:
 
         command = [
             chromium(),
-            "--headless",
-            "--no-sandbox",  # as root (CI containers) Chromium refuses to start without it
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *HEADLESS,
             "--disable-dev-shm-usage",
             f"--user-data-dir={profile}",
             f"--window-size={self.size[0]},{self.size[1]}",
@@ -247,6 +250,12 @@ class Browser:
         """Focus the field and insert `text` as typed (input events fire)."""
         self.eval(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", {"text": text})
+
+    def choose_file(self, selector: str, path: Path) -> None:
+        """Put a file in a file input, as the file picker would."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+        self.call("DOM.setFileInputFiles", {"nodeId": node, "files": [str(path)]})
 
     def text(self, selector: str) -> str:
         return self.eval(

@@ -85,9 +85,11 @@ def write_run(
     *,
     resumed_from_update: int | None = None,
     console=None,
+    groups_of=make_groups,
     **section: int,
 ) -> ObserveWriter:
-    """Open a writer on `directory`, record `updates` whole, close it; returns the writer."""
+    """Open a writer on `directory`, record `updates` whole (`groups_of(update)` builds each
+    update's groups), close it; returns the writer."""
     writer = ObserveWriter.open(
         ObserveSection(directory=directory, **section),
         algorithm="grpo",
@@ -98,7 +100,7 @@ def write_run(
     )
     assert writer is not None
     for u in updates:
-        groups = make_groups(u)
+        groups = groups_of(u)
         writer.rollouts(u, groups)
         finish_update(groups)
         writer.outcome(u, groups)

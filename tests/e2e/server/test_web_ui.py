@@ -5,13 +5,18 @@ login screen of a server with a token; no page at all with `ui = false`."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
+from retrograd.agent.scenarios import Scenario
+from retrograd.agent.trajectory import Trajectory, Turn
+from retrograd.server.store import RunRecord, now_ms
 from tests.factories.agents import CHAT_TEMPLATE
 from tests.factories.browser import Browser
-from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.rollouts import make_groups, write_run
+from tests.factories.run_server import TEXT, RunServer, sft_toml
 from tests.factories.tiny_gguf import write_tiny
 
 HOSTILE = "<b>not bold</b> & co"
@@ -45,8 +50,8 @@ def points(browser: Browser) -> int:
 
 def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_path):
     data = tmp_path / "data.txt"
-    # the reference defaults' geometry (ctx 128, micro_batch 32) on two epochs of the text
-    toml = sft_toml(model, data, epochs=2).replace("ctx = 32", "ctx = 128")
+    # the reference defaults' geometry (ctx 128, micro_batch 32): about six steps
+    toml = sft_toml(model, data).replace("ctx = 32", "ctx = 128")
     toml = toml.replace("micro_batch = 16", "micro_batch = 32").replace(str(model), "")
     with (
         RunServer(
@@ -104,6 +109,16 @@ def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_p
         adapter = httpx.get(page_url(server) + href.lstrip("/"))
         assert adapter.status_code == 200 and adapter.content[:4] == b"GGUF"
 
+        # the compare pane chats with the run and with its base side by side
+        browser.click(f'a[href="#/compare?run={run_id}"]')
+        browser.wait(f"document.querySelector('#compare-right')?.value === '{run_id}@base'")
+        set_field(browser, "#compare-max", "4")
+        browser.type("#compare-prompt", "hello")
+        browser.click("#compare-form button[type=submit]")
+        browser.wait(
+            "document.querySelectorAll('.chat .turn.assistant:not(.muted):not(.error)').length === 2"
+        )
+
         # the table shows it finished, its name as text (never markup)
         browser.click('nav a[href="#/runs"]')
         row = f'#runs tr[data-run="{run_id}"]'
@@ -144,3 +159,102 @@ def test_ui_false_serves_no_page(tmp_path):
             assert response.status_code == 404
             assert response.json()["type"].endswith("/not-found")
         assert c.get("/capabilities").json()["features"]["ui"] is False
+
+
+def agent_groups(update: int):
+    """An update's groups, group 1's members as agent conversations with a tool call."""
+    groups = make_groups(update)
+    for r in groups[1].members:
+        call = {"id": "call_0", "name": "lookup", "arguments": {"word": f"mouse {r.member}"}}
+        messages = [
+            {"role": "user", "content": "What is the plural of mouse?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": json.dumps(call["arguments"])},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": HOSTILE},
+            {"role": "assistant", "content": f"mice, says member {r.member}"},
+        ]
+        turns = [Turn("", "", [call], True, 5, [messages[2]]), Turn("", "", [], True, 4)]
+        scenario = Scenario(key="scenarios.jsonl:1", index=0, id="plural", user="mouse")
+        traj = Trajectory(scenario, r.member, r.seed, [], messages, turns, step_rewards=[0.25])
+        r.extra["sample"] = SimpleNamespace(traj=traj)
+    return groups
+
+
+def test_rollouts_and_datasets_from_the_page(model, tmp_path):
+    """A finished GRPO run's rollouts (its [observe] feed, as a run leaves it) browsed and
+    filtered; a dataset uploaded, previewed and tokenized with the tiny model."""
+    observe = tmp_path / "observe"
+    write_run(observe, range(1, 4), every=1, groups_of=agent_groups)
+    state = tmp_path / "state"
+    run_id = "run_000000000001abcdef"
+    (state / run_id).mkdir(parents=True)
+    record = RunRecord(
+        id=run_id,
+        name="grpo",
+        status="completed",
+        algorithm="grpo",
+        model=str(model),
+        created_at=now_ms(),
+        effective_config={"observe": {"directory": str(observe), "every": 1}},
+        observed=True,
+    )
+    (state / run_id / "run.json").write_text(json.dumps(record.to_json()))
+    roots = f'path_roots = ["{tmp_path}", "{model.parent}"]'
+    with RunServer(state, toml=roots) as server, Browser(tmp_path) as browser:
+        browser.open(page_url(server) + f"#/runs/{run_id}")
+        browser.click(f'a[href="#/runs/{run_id}/rollouts"]')
+        browser.click('#updates tr[data-update="2"]')
+        browser.wait("document.querySelectorAll('#groups tr[data-group]').length === 3")
+        rewards = browser.eval(
+            "[...document.querySelectorAll('#groups tr[data-group] td:nth-child(2)')]"
+            ".map(td => +td.textContent)"
+        )
+        assert rewards == sorted(rewards, reverse=True)  # sorted by reward
+
+        # group 1: conversations with their tool calls, the tool's answer as text
+        browser.click('#groups tr[data-group="1"]')
+        browser.wait("document.querySelectorAll('#members .member').length === 4")
+        assert browser.text("#members .member .tool-name").startswith("→ lookup")
+        assert '"word": "mouse' in browser.text("#members .member .tool-call pre")
+        assert browser.text("#members .member .turn.tool pre") == HOSTILE
+        assert browser.eval("document.querySelectorAll('#members b').length") == 0
+        assert "step reward 0.25" in browser.text("#members .member")
+
+        # filters: trained only, a reward floor, a search
+        trained = browser.eval(
+            "document.querySelectorAll('#members .member .chip-completed').length"
+        )
+        browser.click("#trained-only")
+        browser.wait(f"document.querySelectorAll('#members .member').length === {trained}")
+        browser.click("#trained-only")
+        set_field(browser, "#min-reward", "1000")
+        browser.wait("document.querySelectorAll('#groups tr[data-group]').length === 0")
+        set_field(browser, "#min-reward", "")
+        set_field(browser, "#rollout-search", "says member 2")
+        browser.wait("document.querySelectorAll('#members .member').length === 1")
+
+        # datasets: upload, see it listed, preview, tokenize with the model file
+        data = tmp_path / "notes.txt"
+        data.write_text(TEXT.replace(". ", ".\n"))
+        browser.click('nav a[href="#/datasets"]')
+        browser.wait("document.body.innerText.includes('No datasets uploaded yet')")
+        browser.choose_file("#dataset-file", data)
+        browser.click("#upload button[type=submit]")
+        browser.wait("document.querySelector('#datasets tr[data-dataset]') !== null")
+        assert "notes.txt" in browser.text("#datasets")
+        browser.click("#datasets tr[data-dataset] button")
+        browser.wait("document.querySelectorAll('#dataset-detail .examples li').length === 5")
+        assert browser.text("#dataset-detail .examples li") == "the cat sat on the mat."
+        browser.click("#tokenize")
+        browser.wait("document.querySelector('#dataset-detail .stat') !== null")
+        assert "total_tokens" in browser.text("#dataset-detail")
+        assert browser.errors() == []

@@ -50,7 +50,8 @@ export function render(view, { query }) {
     if (!text) return;
     prompt.value = "";
     fill(message);
-    await Promise.all(sides.map((side, i) => ask(side, [left, right][i].value, text)));
+    // one after the other: the server holds one served model at a time
+    for (const [i, side] of sides.entries()) await ask(side, [left, right][i].value, text);
   });
 
   async function ask(side, model, text) {
