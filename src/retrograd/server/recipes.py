@@ -9,7 +9,7 @@ says why in the provenance (`derived`, with a reason). Objectives and the algori
 | preference-tuning | preference (dpo) | preference pairs | |
 | reasoning-rl | grpo | chat JSONL prompts | reward {id} |
 | preference-rl | grpo with the judge's verdicts | chat JSONL prompts | reward {id}, judge {id} |
-| agentic | agent_grpo | | not built: agent runs cannot reference environments yet (501) |
+| agentic | agent_grpo | scenario JSONL | tools [ids of MCP servers, at most one environment] |
 
 Derived values: a LoRA adapter (rank 16, alpha 32, the architecture's `auto` targets, seed
 `recipe.seed` or 42), lr 2e-4 (sft) / 1e-5 (rollouts, preference); `training.ctx` the
@@ -21,6 +21,8 @@ examples longer than that are refused unless `allow: ["truncate_context"]`. Text
 into ctx windows, so it keeps ctx 128. `micro_batch` min(32, ctx) with
 gradient_accumulation 1 (sft, the reference's defaults). `budget.epochs` (sft, preference;
 1) or `budget.updates` (rollouts; 100) sets the length; `budget.minutes` is not built (501).
+Agentic recipes take 4 scenarios an update, groups of 8, one epoch, and the largest ctx a
+recipe takes (a trajectory's turns fill it).
 Rollout recipes export trajectories: `[observe] every = ceil(updates / observe_target_updates)`
 into the run's folder (published in GET /v1/defaults). `recipe.limits {vram, ram}` lower the
 server's budgets for this run; when the plan is over them the server applies the plan's levers
@@ -205,17 +207,11 @@ class Recipe:
         objective = r.get("objective")
         if objective not in OBJECTIVES:
             raise _bad(("objective",), f"must be one of {', '.join(OBJECTIVES)}")
-        if objective == "agentic":
-            raise Problem(
-                "not-implemented",
-                "recipe.objective = agentic: agent runs cannot reference the catalogue's "
-                "environments and MCP servers yet on this server",
-            )
         if not isinstance(r.get("model"), str):
             raise _bad(("model",), "required: the model GGUF", "missing_field")
         if r.get("data") is None:
             raise _bad(("data",), "required: {path} or {dataset}", "missing_field")
-        if r.get("tools"):
+        if r.get("tools") and objective != "agentic":
             raise _bad(("tools",), "tools are for the agentic objective")
         model = check_file(Path(r["model"]), self.server, ("recipe", "model"))
         algorithm = OBJECTIVES[objective]
@@ -230,12 +226,14 @@ class Recipe:
         if not isinstance(seed, int) or seed < 0:
             raise _bad(("seed",), "must be a whole number >= 0")
         self._set("lora.seed", seed, "recipe.seed" if "seed" in r else "the default seed")
-        data = self._file("data")
         budget = self._budget(algorithm)
+        data = self._file("data")
         if algorithm == "sft":
             self._sft(data, budget, why)
         elif algorithm == "preference":
             self._preference(data, budget, why)
+        elif algorithm == "agent_grpo":
+            self._agent(data, budget, why)
         else:
             self._grpo(objective, data, budget, why)
         if isinstance(r.get("output"), str):
@@ -252,7 +250,7 @@ class Recipe:
             raise Problem(
                 "not-implemented", "recipe.budget.minutes is not built yet; give epochs or updates"
             )
-        unit = "updates" if algorithm == "grpo" else "epochs"
+        unit = "updates" if algorithm in ("grpo", "agent_grpo") else "epochs"
         for name, value in budget.items():
             if name != unit:
                 raise _bad(("budget", name), f"{algorithm} runs count {unit}")
@@ -331,6 +329,10 @@ class Recipe:
             )
         self._context(lengths, new_tokens, why)
         self._training({}, 1e-5)
+        self._observe(updates)
+
+    def _observe(self, updates: int) -> None:
+        """Rollout recipes export their trajectories, about observe_target_updates of them."""
         target = self.server.observe_target_updates
         self._set(
             "observe.directory",
@@ -342,6 +344,54 @@ class Recipe:
             max(1, math.ceil(updates / target)),
             f"ceil(updates / observe_target_updates = {target})",
         )
+
+    def _agent(self, data: Path, budget: dict, why: str) -> None:
+        """agent_grpo over the scenarios, with the catalogue's MCP servers and environment
+        named in recipe.tools; the context as large as a recipe takes (turns fill it)."""
+        r = self.recipe
+        if r.get("eval") is not None:
+            raise _bad(("eval",), "rollout recipes measure on their own rewards; leave eval out")
+        tools = r.get("tools") or []
+        if not isinstance(tools, list) or not tools:
+            raise _bad(("tools",), "agentic needs the ids of GET /v1/mcp-servers or "
+                       "/v1/environments", "missing_field")  # fmt: skip
+        agent: dict[str, Any] = {"scenarios": str(data)}
+        servers, environments = [], []
+        for i, tool in enumerate(tools):
+            ident = tool.get("id") if isinstance(tool, dict) else tool
+            if ident in self.server.catalogue("environment"):
+                environments.append({"id": ident})
+            elif isinstance(ident, str):  # an MCP server, or an id the catalogue refuses
+                servers.append({"id": ident})
+            else:
+                raise _bad(("tools", str(i)), 'must be an id or {"id": ...}')
+        if len(environments) > 1:
+            raise _bad(("tools",), "names more than one environment; a run has one")
+        if servers:
+            agent["mcp_servers"] = servers
+        if environments:
+            agent["environment"] = environments[0]
+        judge = r.get("judge")
+        if judge is not None:
+            if not isinstance(judge, dict) or set(judge) != {"id"}:
+                raise _bad(("judge",), 'must be {"id": ...} of GET /v1/judges')
+            agent["judge"] = judge
+        self.document["agent"] = agent
+        updates = budget.get("updates", DEFAULT_UPDATES)
+        seed = r.get("seed", 42)
+        chosen = {
+            "updates": (updates, "recipe.budget.updates" if budget else "the default length"),
+            "scenarios_per_update": (4, why),
+            "group_size": (8, "trajectories compared per scenario"),
+            "epochs_per_update": (1, why),
+            "seed": (seed, "recipe.seed" if "seed" in r else "the default seed"),
+        }
+        for key, (value, reason) in chosen.items():
+            self._set(f"agent.{key}", value, reason)
+        cap, _ = self._cap()
+        self._set("training.ctx", cap, "the largest a recipe takes: a trajectory's turns fill it")
+        self._training({}, 1e-5)
+        self._observe(updates)
 
     def _training(self, budget: dict, lr: float) -> None:
         ctx = self.document["training"]["ctx"]

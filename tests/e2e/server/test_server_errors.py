@@ -99,8 +99,9 @@ def test_routes_methods_media_and_sizes(setup):
 
         r = c.post("/runs", content=chunks(), headers={"Content-Type": "application/toml"})
         problem(r, 413, "payload-too-large")
-        agentic = {"model": str(model), "objective": "agentic", "data": "x.jsonl"}
-        problem(c.post("/runs", json={"recipe": agentic}), 501, "not-implemented")
+        timed = {"model": str(model), "objective": "instruction-tuning", "data": "x.jsonl"}
+        timed["budget"] = {"minutes": 5}
+        problem(c.post("/runs", json={"recipe": timed}), 501, "not-implemented")
 
 
 def stalled(server, path: str, media: str) -> tuple[bytes, dict]:

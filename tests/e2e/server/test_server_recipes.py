@@ -28,6 +28,8 @@ def setup(tmp_path_factory):
     (root / "long.jsonl").write_text(json.dumps(long) + "\n" + json.dumps(CHATS[0]) + "\n")
     prompts = [{"messages": [{"role": "user", "content": "one cat, two"}]}]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    scenario = {"id": "s1", "user": "write 1 into answer.txt"}
+    (root / "scenarios.jsonl").write_text(json.dumps(scenario) + "\n")
     toml = f"""path_roots = ["{root}"]
 [[reward]]
 id = "plurals"
@@ -37,6 +39,14 @@ id = "gemma"
 type = "ruler"
 base_url = "http://127.0.0.1:9/v1"
 model = "gemma"
+[[environment]]
+id = "sandbox"
+type = "local"
+allow_unsandboxed = true
+[environment.tools]
+default = "mini"
+[environment.tools.toolset.mini]
+tools = ["write_file"]
 """
     server = RunServer(tmp_path_factory.mktemp("srv") / "state", toml=toml)
     yield server.start(), root, model
@@ -132,8 +142,26 @@ def test_rollout_recipes_reference_the_catalogue_and_export_trajectories(setup):
         assert codes(problem(r, 422, "invalid-request")) == [("/recipe/reward", "missing_field")]
         r = c.post("/plan", json={"recipe": {**asked, "reward": {"id": "nope"}}})
         problem(r, 422, "unknown-catalog-id")
-        r = c.post("/plan", json={"recipe": {**asked, "objective": "agentic"}})
+        r = c.post("/plan", json={"recipe": {**asked, "budget": {"minutes": 5}}})
         problem(r, 501, "not-implemented")
+        r = c.post("/plan", json={"recipe": {**asked, "budget": {"epochs": 5}}})
+        assert codes(problem(r, 422, "invalid-request")) == [
+            ("/recipe/budget/epochs", "invalid_value")
+        ]
+
+        # agentic: the catalogue's environment and MCP servers named in tools
+        agentic = {**asked, "objective": "agentic", "data": {"path": str(root / "scenarios.jsonl")}}
+        del agentic["reward"]
+        out = c.post("/plan", json={"recipe": {**agentic, "tools": ["sandbox"]}})
+        assert out.status_code == 200, out.text
+        cfg = out.json()["effective_config"]
+        assert cfg["run"]["algorithm"] == "agent_grpo" and cfg["agent"]["updates"] == 250
+        assert cfg["agent"]["environment"]["type"] == "local" and cfg["observe"]["every"] == 3
+        assert cfg["training"]["ctx"] == 256  # the model's trained context
+        r = c.post("/plan", json={"recipe": {**agentic, "tools": ["sandbox", "nope"]}})
+        problem(r, 422, "unknown-catalog-id")
+        r = c.post("/plan", json={"recipe": agentic})
+        assert codes(problem(r, 422, "invalid-request")) == [("/recipe/tools", "missing_field")]
         r = c.post("/plan", json={"recipe": asked, "config": {"run": {"algorithm": "sft"}}})
         assert codes(problem(r, 422, "invalid-request")) == [("/config", "invalid_value")]
         r = c.post("/plan", json={"recipe": {**asked, "epochs": 1}})
