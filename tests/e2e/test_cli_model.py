@@ -64,3 +64,24 @@ def test_preflight_reports_fallbacks_strictly(tiny_model, monkeypatch):
     with audit:
         m.decoder(pf.torch.tensor([[1, 2, 3]]))
     assert report.fallbacks and report.problems
+
+
+def test_inspect_states_the_weights_per_rank(tiny_model, capsys):
+    """--ranks N: none and ddp hold the whole file on each rank; fsdp2 a 1/N share of the
+    blocks (bytes, norms, biases), what stays whole, and two gathered blocks."""
+    from retrograd.cli.inspect import rank_memory
+    from retrograd.gguf import GGUFFile
+
+    g = GGUFFile(tiny_model("qwen3", "MOSTLY_Q8_0"))
+    rows = {mode: n for mode, n, _ in rank_memory(g, 4)}
+    layer = sum(t.n_bytes for name, t in g.tensors.items() if name.startswith("blk.0."))
+    rest = sum(t.n_bytes for name, t in g.tensors.items() if not name.startswith("blk."))
+    assert rows["none"] == rows["ddp"] == g.n_bytes
+    assert rows["fsdp2"] == -(-2 * layer // 4) + rest + 2 * layer  # two alike layers
+    assert rank_memory(g, 1)[2][1] == g.n_bytes
+    assert main(["inspect", "--model", str(g.path), "--ranks", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Frozen weights per rank on 4 ranks" in out and "fsdp2" in out
+    with pytest.raises(SystemExit):
+        main(["inspect", "--model", str(g.path), "--ranks", "0"])
+    assert "--ranks 0: must be a whole number of at least 1" in capsys.readouterr().err

@@ -4,7 +4,7 @@ Reads only the file's header and metadata (no torch, no weights), so it answers 
 second even for a 262k-token vocabulary.
 
 Example:
-  retrograd inspect --model gemma-3-270m-q4_k_m.gguf
+  retrograd inspect --model gemma-3-270m-q4_k_m.gguf --ranks 4
 """
 
 from __future__ import annotations
@@ -26,6 +26,24 @@ from retrograd.model.device import probe_device
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_flag(p)
     add_device_flag(p)
+    p.add_argument(
+        "--ranks",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="the world size for the memory per rank under none, ddp and fsdp2 "
+        "(torchrun's ranks, all machines together; default 2; docs/distributed.md)",
+    )
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--ranks {text}: must be a whole number of at least 1")
+    return n
 
 
 def _group(name: str) -> str:
@@ -204,6 +222,44 @@ def per_mode(g: GGUFFile, cfg: ModelConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def _sharded(g: GGUFFile, name: str, t) -> bool:
+    """Whether fsdp2 shards this tensor: a block's matrices (as stored), norms and the biases
+    of its matrices are Parameters of the block; its other float tensors are buffers."""
+    part = name.split(".", 2)[2] if name.startswith("blk.") else None
+    if part is None or part in FLOAT_PARTS:
+        return False
+    weight = g.tensors.get(name.removesuffix(".bias") + ".weight")
+    matrix_bias = name.endswith(".bias") and weight is not None and len(weight.shape) >= 2
+    return len(t.shape) >= 2 or _is_norm(name) or matrix_bias
+
+
+def rank_memory(g: GGUFFile, ranks: int) -> list[tuple[str, int, str]]:
+    """(parallel, frozen-weight bytes a rank holds at most, what the figure counts) for none,
+    ddp and fsdp2 over `ranks` ranks. The trained tensors, their optimizer state and the
+    activations come on top, the same under each (each rank holds them whole)."""
+    layers: dict[str, int] = defaultdict(int)
+    whole = 0
+    for name, t in g.tensors.items():
+        if _sharded(g, name, t):
+            layers[name.split(".")[1]] += t.n_bytes
+        else:
+            whole += t.n_bytes
+    blocks = sum(layers.values())
+    largest = max(layers.values(), default=0)
+    shard = -(-blocks // ranks) + whole + min(2, len(layers)) * largest
+    return [
+        ("none", g.n_bytes, "one process: the whole file"),
+        ("ddp", g.n_bytes, f"each of the {ranks} ranks holds the whole file"),
+        (
+            "fsdp2",
+            shard if ranks > 1 else g.n_bytes,
+            f"1/{ranks} of the blocks ({_mib(blocks)} whole) + what stays whole "
+            f"(embedding, head, output norm: {_mib(whole)}) + 2 gathered blocks "
+            f"({_mib(largest)} each) in flight; the dequantized-weight cache is off",
+        ),
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     g = GGUFFile(args.model)
     cfg = ModelConfig.from_gguf(g)
@@ -260,5 +316,16 @@ def run(args: argparse.Namespace) -> int:
     for mode, what in per_mode(g, cfg):
         t.add_row(mode, what)
     con.print(t)
+    ranks = getattr(args, "ranks", 2)
+    t = Table(title=f"Frozen weights per rank on {ranks} ranks", title_justify="left")
+    for col in ("\\[training].parallel", "per rank", "counts"):
+        t.add_column(col)
+    for mode, n, what in rank_memory(g, ranks):
+        t.add_row(mode, _mib(n), what)
+    con.print(t)
+    con.print(
+        "plus on every rank: the trained tensors and their optimizer state, activations, and "
+        "under none/ddp the dequantized-weight cache when it is on (docs/distributed.md)"
+    )
     con.print(f"device: {device}")
     return 0
