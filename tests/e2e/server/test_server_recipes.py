@@ -43,7 +43,7 @@ model = "gemma"
 id = "sandbox"
 type = "local"
 allow_unsandboxed = true
-tools = {default = "mini", toolset = {mini = {tools = ["write_file"]}}}
+tools = {{default = "mini", toolset = {{mini = {{tools = ["write_file"]}}}}}}
 """
     server = RunServer(tmp_path_factory.mktemp("srv") / "state", toml=toml)
     yield server.start(), root, model
