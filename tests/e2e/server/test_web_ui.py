@@ -257,4 +257,22 @@ def test_rollouts_and_datasets_from_the_page(model, tmp_path):
         browser.click("#tokenize")
         browser.wait("document.querySelector('#dataset-detail .stat') !== null")
         assert "total_tokens" in browser.text("#dataset-detail")
+
+        # a recipe on that dataset: the server writes the run, the page shows its plan
+        browser.click('nav a[href="#/plan"]')
+        browser.wait(f"document.querySelector('#model option[value=\"{model}\"]') !== null")
+        browser.wait("document.querySelectorAll('#dataset option').length === 2")
+        set_field(browser, "#model", str(model))
+        set_field(
+            browser,
+            "#dataset",
+            browser.eval("document.querySelectorAll('#dataset option')[1].value"),
+        )
+        browser.click("#recipe summary")
+        browser.click("#plan-recipe")
+        browser.wait("document.querySelector('#plan-result table.config') !== null")
+        chip = "document.querySelector('#plan-result tr[data-key=\"{}\"] td:nth-child({})').textContent"
+        assert browser.eval(chip.format("run.algorithm", 2)) == "sft"
+        assert browser.eval(chip.format("lora.rank", 3)).startswith("derived")
+        assert browser.wait("document.querySelector('#memory tr.post') !== null")
         assert browser.errors() == []

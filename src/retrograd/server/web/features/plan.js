@@ -46,13 +46,18 @@ function algorithmOf(text) {
   return match ? match[1] : "sft";
 }
 
+// plan.memory: its figures, each post of the estimate, and what a calibration measured.
 function memoryTable(memory) {
   const rows = [];
-  for (const [key, value] of leaves(memory)) {
-    const shown = typeof value === "number" && /bytes$/.test(key) ? bytes(value) : show(value);
-    rows.push(h("tr", {}, h("td", {}, h("code", {}, key)), h("td", {}, shown)));
+  const shown = (key, value) => (typeof value === "number" && /bytes$/.test(key) ? bytes(value) : show(value));
+  for (const [key, value] of Object.entries(memory)) {
+    if (key === "posts" && Array.isArray(value)) {
+      for (const post of value) rows.push(h("tr", { class: "post" }, h("td", {}, h("code", {}, post.post)), h("td", {}, bytes(post.bytes))));
+    } else {
+      for (const [path, inner] of leaves(value, key)) rows.push(h("tr", {}, h("td", {}, h("code", {}, path)), h("td", {}, shown(path, inner))));
+    }
   }
-  return table(["memory", ""], rows, { class: "memory" });
+  return h("div", { id: "memory" }, h("h3", {}, "Memory"), table(["", ""], rows, { class: "memory" }));
 }
 
 export function render(view, { features }) {
@@ -62,7 +67,8 @@ export function render(view, { features }) {
   const toml = h("textarea", { id: "toml", rows: 22, spellcheck: "false" });
   toml.value = TEMPLATE;
   const objective = h("select", { id: "objective" }, OBJECTIVES.map((o) => h("option", { value: o }, o)));
-  const epochs = h("input", { id: "epochs", type: "number", min: 1, value: 1 });
+  const amount = h("input", { id: "budget", type: "number", min: 1, value: 1 });
+  const reward = h("select", { id: "reward" }, h("option", { value: "" }, "(none)"));
   const recipeMessage = h("div", { class: "message", id: "recipe-message" });
   const result = h("div", { id: "plan-result" });
   const message = h("div", { class: "message", id: "plan-message" });
@@ -77,7 +83,7 @@ export function render(view, { features }) {
     ),
     h("details", { class: "card", id: "recipe" },
       h("summary", {}, "From a recipe (the server picks the settings)"),
-      h("div", { class: "grid" }, h("label", {}, "Objective ", objective), h("label", {}, "Epochs ", epochs)),
+      h("div", { class: "grid" }, h("label", {}, "Objective ", objective), h("label", {}, "Epochs (tuning) or updates (RL) ", amount), h("label", {}, "Reward ", reward)),
       button("Plan recipe", () => send("/plan", true), { id: "plan-recipe" }), " ",
       button("Start recipe", () => send("/runs", true), { id: "start-recipe" }),
       recipeMessage,
@@ -100,8 +106,10 @@ export function render(view, { features }) {
   });
 
   function recipe() {
-    const body = { objective: objective.value, model: model.value, budget: { epochs: Number(epochs.value) || 1 } };
+    const tuning = objective.value.endsWith("-tuning");
+    const body = { objective: objective.value, model: model.value, budget: { [tuning ? "epochs" : "updates"]: Number(amount.value) || 1 } };
     if (dataset.value) body.data = { dataset: dataset.value };
+    if (reward.value) body.reward = { id: reward.value };
     return body;
   }
 
@@ -157,6 +165,12 @@ export function render(view, { features }) {
       dataset.append(...datasets.map((d) => h("option", { value: d.id }, `${d.name || d.id} · ${d.format} · ${d.examples} examples`)));
     } catch {
       // the TOML can still name a file
+    }
+    try {
+      const { rewards } = await api("/rewards");
+      reward.append(...rewards.map((r) => h("option", { value: r.id }, `${r.id}: ${r.description || ""}`)));
+    } catch {
+      // a recipe without a reward
     }
   })();
   return null;

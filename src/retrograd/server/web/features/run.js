@@ -4,7 +4,7 @@
 import { api, follow } from "../lib/api.js";
 import { lineChart } from "../lib/chart.js";
 import { attempt, button, cell, describeError, fill, h, table } from "../lib/dom.js";
-import { bytes, chip, number, progressBar, show, TERMINAL, when } from "../lib/format.js";
+import { bytes, chip, number, progressBar, show, when } from "../lib/format.js";
 import { configTable } from "./config_table.js";
 import { controls } from "./controls.js";
 
@@ -57,7 +57,7 @@ export function render(view, { parts, features }) {
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Journal"), journal),
       h("section", {},
-        h("div", { class: "card" }, h("h2", {}, "Evaluate"), h("p", { class: "muted" }, "Loss on the run's [evaluation] data at its next step, without touching its best checkpoint."), button("Evaluate", evaluate, { id: "evaluate" }), evaluation),
+        h("div", { class: "card" }, h("h2", {}, "Evaluate"), h("p", { class: "muted" }, "Measures the run on its [evaluation] data at its next step, leaving its best checkpoint and patience alone."), button("Evaluate", evaluate, { id: "evaluate" }), evaluation),
         h("div", { class: "card" }, h("h2", {}, "Change while it runs"), patchForm(), patchMessage),
       ),
     ),

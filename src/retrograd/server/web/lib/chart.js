@@ -62,7 +62,7 @@ export function lineChart(title, names) {
         }
       }
     }
-    parts.push(s("text", { x: W - PAD.right, y: H - 8, "text-anchor": "end", class: "tick" }, "step"));
+    parts.push(s("text", { x: (W + PAD.left) / 2, y: H - 8, "text-anchor": "middle", class: "tick" }, "step"));
     fill(plot, parts);
     fill(legend, keys);
   }

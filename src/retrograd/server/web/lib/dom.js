@@ -93,5 +93,17 @@ export function describeError(error) {
   const lines = (problem.errors || []).map((e) =>
     h("li", {}, h("code", {}, e.pointer || "/"), " ", e.message || e.code, e.hint ? ` (${e.hint})` : ""),
   );
-  return h("div", {}, h("strong", {}, problem.title || `HTTP ${error.status}`), ": ", problem.detail || "", lines.length ? h("ul", {}, lines) : null);
+  const meta = problem.meta || {};
+  const posts = (meta.dominant_posts || []).map((p) => `${p.post} ${(p.bytes / 2 ** 20).toFixed(1)} MiB`);
+  const unlocks = (meta.unlocks || []).map((u) => `${u.path} = ${JSON.stringify(u.value)}`);
+  return h(
+    "div",
+    {},
+    h("strong", {}, problem.title || `HTTP ${error.status}`),
+    ": ",
+    problem.detail || "",
+    lines.length ? h("ul", {}, lines) : null,
+    posts.length ? h("p", {}, "largest: ", posts.join(", ")) : null,
+    unlocks.length ? h("p", {}, "would fit with: ", unlocks.join(", ")) : null,
+  );
 }
