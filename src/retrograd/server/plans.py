@@ -233,7 +233,7 @@ def levers(cfg, shape: Shape, posts: dict[str, int]) -> list[dict[str, Any]]:
     if not t.chunked_cross_entropy:
         candidates.append(("training.chunked_cross_entropy", True, "logits in vocabulary tiles"))
     mb = t.micro_batch
-    while mb > 1 and mb % 2 == 0 and mb > 8:
+    while mb > 1 and mb % 2 == 0:
         mb //= 2
         candidates.append(("training.micro_batch", mb, "fewer tokens per pass"))
     if cfg.run.algorithm in (*ROLLOUT, "distill"):

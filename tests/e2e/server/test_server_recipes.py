@@ -82,6 +82,7 @@ def test_an_instruction_tuning_recipe_derives_its_run_and_trains(setup):
             headers={"Content-Type": "application/x-ndjson"},
         ).json()
         asked = {**asked, "data": {"dataset": upload["id"]}, "budget": {"epochs": 1}}
+        asked["output"] = str(root / "recipe-adapter.gguf")
         run = c.post("/runs", json={"recipe": asked, "name": "recipe"})
         assert run.status_code == 201, run.text
         run = run.json()
@@ -90,6 +91,9 @@ def test_an_instruction_tuning_recipe_derives_its_run_and_trains(setup):
         assert events[-1][1]["status"] == "completed", server.log()
         steps = [d["global_step"] for k, d in events if k == "progress"]
         assert steps[-1] == run["plan"]["total_steps"]
+        assert (root / "recipe-adapter.gguf").read_bytes()[:4] == b"GGUF"
+        rules = {d["path"] for d in c.get("/defaults").json()["derived"]}
+        assert {"run.algorithm", "training.ctx", "observe.every"} <= rules
 
 
 def test_context_rules_and_their_opt_ins(setup):
