@@ -129,7 +129,37 @@ def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_p
         assert browser.errors() == []
 
 
-def test_with_a_token_the_page_asks_for_it_first(tmp_path):
+def finished_run(state, run_id: str, model, losses: list[float], **fields) -> None:
+    """A finished SFT run as a server leaves it on disk: run.json and its events."""
+    (state / run_id).mkdir(parents=True)
+    at = now_ms()
+    known = {
+        "id": run_id,
+        "name": "earlier",
+        "status": "completed",
+        "algorithm": "sft",
+        "model": str(model),
+        "created_at": at,
+        "progress": {"iteration": 1, "iterations": 1, "global_step": len(losses)},
+    }
+    record = RunRecord(**(known | fields))
+    (state / run_id / "run.json").write_text(json.dumps(record.to_json()))
+    events = [{"type": "status", "status": s} for s in ("queued", "starting", "running")]
+    events += [
+        {"type": "progress", "iteration": 1, "iterations": 1, "global_step": i + 1, "train_loss": x}
+        for i, x in enumerate(losses)
+    ]
+    events += [
+        {"type": "status", "status": "completed"},
+        {"type": "terminal", "status": "completed"},
+    ]
+    lines = [json.dumps({"seq": i + 1, "at": at + i, **e}) for i, e in enumerate(events)]
+    (state / run_id / "events.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_with_a_token_the_page_asks_for_it_first(model, tmp_path):
+    run_id = "run_000000000001aaaaaa"
+    finished_run(tmp_path / "state", run_id, model, [3.0, 2.5, 2.25])
     with (
         RunServer(tmp_path / "state", token="open-sesame") as server,
         Browser(tmp_path) as browser,
@@ -143,8 +173,12 @@ def test_with_a_token_the_page_asks_for_it_first(tmp_path):
         set_field(browser, "#token", "")
         browser.type("#token", "open-sesame")
         browser.click("#login button[type=submit]")
-        browser.wait("document.body.innerText.includes('No runs yet')")
+        browser.wait(f"document.querySelector('#runs tr[data-run=\"{run_id}\"]') !== null")
         assert browser.eval("sessionStorage.getItem('retrograd-token')") == "open-sesame"
+        # the run's events come over the stream with the token: its curve and its journal
+        browser.click(f'#runs a[href="#/runs/{run_id}"]')
+        browser.wait("document.querySelectorAll('#journal li').length === 8")
+        assert points(browser) == 3
         assert browser.eval("localStorage.getItem('retrograd-token')") is None
         # the token opens the data too: another view loads with it
         browser.click('nav a[href="#/datasets"]')
@@ -196,18 +230,16 @@ def test_rollouts_and_datasets_from_the_page(model, tmp_path):
     write_run(observe, range(1, 4), every=1, groups_of=agent_groups)
     state = tmp_path / "state"
     run_id = "run_000000000001abcdef"
-    (state / run_id).mkdir(parents=True)
-    record = RunRecord(
-        id=run_id,
-        name="grpo",
-        status="completed",
+    observed = {"directory": str(observe), "every": 1}
+    finished_run(
+        state,
+        run_id,
+        model,
+        [],
         algorithm="grpo",
-        model=str(model),
-        created_at=now_ms(),
-        effective_config={"observe": {"directory": str(observe), "every": 1}},
+        effective_config={"observe": observed},
         observed=True,
     )
-    (state / run_id / "run.json").write_text(json.dumps(record.to_json()))
     roots = f'path_roots = ["{tmp_path}", "{model.parent}"]'
     with RunServer(state, toml=roots) as server, Browser(tmp_path) as browser:
         browser.open(page_url(server) + f"#/runs/{run_id}")

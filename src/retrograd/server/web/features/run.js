@@ -66,8 +66,16 @@ export function render(view, { parts, features }) {
     config,
   );
 
+  // The heading (its buttons with it) is drawn again only when the status changes, so that a
+  // click is not lost to a redraw; the progress bar on every change.
+  const bar = h("div", {});
+  let drawnKey = null;
   run.watch((r) => {
     if (!r) return;
+    fill(bar, progressBar(r));
+    const key = [r.status, r.error, r.finished_at, r.queue_position].join("|");
+    if (key === drawnKey) return;
+    drawnKey = key;
     const links = [
       features.serving_enabled ? h("a", { href: `#/compare?run=${encodeURIComponent(r.id)}` }, "Chat with it") : null,
       r.observed ? h("a", { href: `#/runs/${encodeURIComponent(r.id)}/rollouts` }, "Rollouts") : null,
@@ -76,7 +84,7 @@ export function render(view, { parts, features }) {
       head,
       h("div", { class: "heading" }, h("h1", {}, r.name || r.id), h("span", { id: "run-status" }, chip(r.status)), h("span", { class: "actions" }, controls(r, accepted, (e) => fill(message, e)))),
       h("p", { class: "muted" }, `${r.id} · ${r.algorithm} · ${r.model}`, r.created_at ? ` · created ${when(r.created_at)}` : "", r.finished_at ? ` · finished ${when(r.finished_at)}` : ""),
-      progressBar(r),
+      bar,
       r.error ? h("p", { class: "error" }, r.error) : null,
       r.queue_position ? h("p", {}, `queued: position ${r.queue_position}`) : null,
       links.length ? h("p", { class: "links" }, links.flatMap((a) => [a, " "])) : null,

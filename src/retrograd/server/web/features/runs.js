@@ -20,17 +20,25 @@ export function render(view) {
   );
   let timer = null;
   let stopped = false;
+  let shown = null; // what the table shows: redrawn only when it changes, so a click lands
 
   async function refresh() {
     clearTimeout(timer);
+    await load();
+    if (!stopped) timer = setTimeout(refresh, EVERY_MS);
+  }
+
+  async function load() {
     try {
       const { runs } = await api("/runs", { query: { status: filter.value, limit: 100 } });
       if (stopped) return;
+      const seen = JSON.stringify(runs);
+      if (seen === shown) return;
+      shown = seen;
       fill(body, runs.length ? runsTable(runs) : h("p", { class: "muted" }, "No runs yet. ", h("a", { href: "#/plan" }, "Start one.")));
     } catch (error) {
       attempt(message, () => Promise.reject(error));
     }
-    if (!stopped) timer = setTimeout(refresh, EVERY_MS);
   }
 
   function runsTable(runs) {
