@@ -39,6 +39,8 @@ from retrograd.checkpoint import (
 )
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
 from retrograd.checkpoint.rng import capture_rng, restore_rng
+from retrograd.distributed import world
+from retrograd.distributed.checkpoint import WORLD_SIZE, check_world, restore_state, save_state
 from retrograd.errors import ConfigError, TrainingError
 from retrograd.gguf import RawTensor
 from retrograd.gguf.lora_export import write_lora_adapter
@@ -98,6 +100,8 @@ class RunIdentity:
         section = getattr(tables, t.optimizer, None) if tables is not None else None
         if section is not None:  # [optimizer.muon] or [optimizer.gefen]: e.g. gefen's variant
             trajectory[t.optimizer] = section.model_dump()
+        if world().active:  # a checkpoint resumes with the world size that saved it
+            trajectory[WORLD_SIZE] = world().size
         return cls(
             architecture,
             model_identity(cfg.model.path),
@@ -254,7 +258,7 @@ def adapter_arrays(named) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     for name, param in named:
         base, half = name.rsplit(".", 1)  # blk.0.attn_q.weight, lora_a
         if half in ("lora_a", "lora_b"):
-            halves.setdefault(base, {})[half] = param.detach().float().cpu().numpy()
+            halves.setdefault(base, {})[half] = _whole(param).float().cpu().numpy()
     return {base: (h["lora_a"], h["lora_b"]) for base, h in halves.items()}
 
 
@@ -317,6 +321,8 @@ def export_or_keep(
 ) -> Path:
     """The final export; when it fails, the trained adapter is kept (a checkpoint, else a file
     beside the run file or in the temporary folder) and the error says where."""
+    if not world().main:
+        return Path(cfg.output.path)  # rank 0 writes the output
     try:
         return export_output(cfg, model, plan, adapters)
     except Exception as e:  # any failure: the training must not be lost with it
@@ -330,7 +336,7 @@ def export_or_keep(
 
 
 def _keep(cfg, model, run_file, run, mark, named, optimizer, plan, adapters, patience, total):
-    if cfg.checkpoint is not None:
+    if cfg.checkpoint is not None and not world().active:  # ranks write checkpoints together
         try:
             state = _state(cfg, run, mark, named, optimizer, plan, patience, total)
             directory = cfg.checkpoint.directory
@@ -372,6 +378,7 @@ def restore(
     to this run; the loop reads its position from the returned state (dataset, progress,
     artifacts)."""
     state, source = found
+    check_world(state, source)
     if state.optimizer.kind != cfg_kind(run):
         raise ConfigError(
             f"cannot resume from {source}: the optimizer changed "
@@ -388,7 +395,7 @@ def restore(
     tensors = state.adapter.tensors if state.adapter else {}
     base = state.trainable or {}
     with torch.no_grad():
-        for name, param in named:
+        for name, param in named if not world().active else ():  # ranks: from dcp/ below
             stem, half = name.rsplit(".", 1)
             if half in ("lora_a", "lora_b"):
                 a, b = tensors[stem]
@@ -398,6 +405,8 @@ def restore(
             param.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(param.dtype))
     restore_optimizer(optimizer, [n for n, _ in named], state.optimizer)
     restore_rng(state.rng)
+    if world().active:
+        restore_state(state, source, named, optimizer)
     patience.best = (
         state.progress.best_metric if state.progress.best_metric is not None else patience.best
     )
@@ -439,6 +448,7 @@ def _state(
             [n for n, _ in named],
             kind=t.optimizer,
             hyper={"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm},
+            slots=not world().active,  # a distributed checkpoint's slots are in its dcp/
         ),
         rng=capture_rng(seeds={"lora": plan.seed}),
         dataset=mark.dataset,
@@ -452,7 +462,7 @@ def _state(
 def _checkpoint_array(param: torch.Tensor) -> np.ndarray:
     """A trained base tensor as a checkpoint keeps it, exactly: f32 or f16 as it is, bf16
     widened to f32 (bf16 -> f32 -> bf16 loses nothing)."""
-    p = param.detach().cpu()
+    p = _whole(param).cpu()
     return p.numpy() if p.dtype in (torch.float32, torch.float16) else p.float().numpy()
 
 
@@ -476,11 +486,8 @@ def maybe_checkpoint(
     requested = ck is not None and sinks.checkpoint_requested()
     if not (checkpoint_due(cfg, before, mark.global_step, ck) or requested):
         return
-    path = save_checkpoint(
-        ck.directory,
-        step_id(mark.global_step),
-        _state(cfg, run, mark, named, optimizer, plan, patience, total),
-    )
+    state = _state(cfg, run, mark, named, optimizer, plan, patience, total)
+    path = _save(ck.directory, step_id(mark.global_step), state, named, optimizer)
     sinks.checkpoint(path, mark.global_step)
 
 
@@ -488,7 +495,19 @@ def save_best(cfg, run, mark: Mark, named, optimizer, plan, patience, total, sin
     ck = sinks.checkpoint_section(cfg)
     if ck is None or ck.mode not in ("best_eval", "steps_and_best_eval"):
         return
-    path = save_checkpoint(
-        ck.directory, "best", _state(cfg, run, mark, named, optimizer, plan, patience, total)
-    )
+    state = _state(cfg, run, mark, named, optimizer, plan, patience, total)
+    path = _save(ck.directory, "best", state, named, optimizer)
     sinks.checkpoint(path, mark.global_step)
+
+
+def _save(directory, checkpoint_id: str, state: CheckpointState, named, optimizer) -> Path:
+    """One process writes the checkpoint; several ranks write it together (distributed/)."""
+    if world().active:
+        return save_state(directory, checkpoint_id, state, named, optimizer)
+    return save_checkpoint(directory, checkpoint_id, state)
+
+
+def _whole(param: torch.Tensor) -> torch.Tensor:
+    """A trained tensor's full value, detached: fsdp2's shards gathered (every rank calls)."""
+    p = param.detach()
+    return p.full_tensor() if hasattr(p, "full_tensor") else p

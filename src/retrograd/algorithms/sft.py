@@ -13,6 +13,7 @@ checkpoints)  4. evaluate and stop early  5. export the adapter and summarize.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrograd import distributed
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due, perplexity, sft_loss
 from retrograd.algorithms.step import (
@@ -160,6 +162,8 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
         tr.plan, tr.trained, tr.named, tr.params, tr.optimizer, tr.rate
     )  # fmt: skip
     steps = total_steps(train, training, corpus.epochs)
+    # under torchrun each rank trains its share of every step's passes (docs/distributed.md)
+    replicas = distributed.wrap_trainable(model, tr, cfg)
     run = persist.RunIdentity.of(cfg, model.config.name, corpus.fingerprints, plan, corpus.settings)
     sinks = sinks or persist.Sinks.quiet()
 
@@ -205,9 +209,17 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
                 cache = new_cache(model.decoder, example, kv)
             for g in range(first, len(groups)):
                 t0 = time.perf_counter()
+                mine = set(distributed.share(len(groups[g].passes)))
                 loss = backward_group(
-                    model.decoder, example, groups[g], cache, opts, corpus.pass_loss(order[i])
+                    model.decoder,
+                    example,
+                    groups[g],
+                    cache,
+                    opts,
+                    corpus.pass_loss(order[i]),
+                    mine,
                 )
+                (loss,) = replicas.sum_step(params, loss)
                 lr = lr_at(
                     pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                 )
@@ -307,13 +319,17 @@ def _evaluate(
 ) -> None:
     t0 = time.perf_counter()
     t = cfg.training
-    loss, _ = sft_loss(
+    mine = distributed.share(len(held.examples))  # each rank its block of the held-out set
+    loss, count = sft_loss(
         model.decoder,
-        held,
+        dataclasses.replace(held, examples=tuple(held.examples[k] for k in mine)),
         seq_chunk=t.chunked_ce_seq_chunk,
         chunked=t.chunked_cross_entropy,
         tiles=t.chunked_ce_tiles,
     )
+    if distributed.world().active:
+        total, count = distributed.all_reduce_sum([loss * count if count else 0.0, count])
+        loss = total / count if count else float("nan")
     log.info(
         "evaluation at step %d: loss %.4f in %.2f s",
         pos.global_step,

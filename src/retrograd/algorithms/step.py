@@ -13,7 +13,7 @@ steps of one window resumes exactly. Knows the decoder and the loss, not optimiz
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import msgpack
@@ -121,17 +121,24 @@ def backward_group(
     cache: KVCache,
     opts: LossOptions,
     pass_loss: PassLoss | None = None,
+    mine: Collection[int] | None = None,
 ) -> float:
     """Forward and backward over the group's passes; returns the group's mean loss per trained
     token (NLL, or `pass_loss`'s). Passes without a trained token only fill the cache (no
-    gradient)."""
+    gradient). With `mine` (a rank's share of the passes' indices, distributed.share) the
+    other passes only fill the cache too, and the return is this rank's part of the mean: the
+    ranks' parts and gradients add up to the whole group's."""
     total = 0.0
-    for s, e in group.passes:
-        if _n_scored(example, s, e) == 0:
+    for k, (s, e) in enumerate(group.passes):
+        theirs = mine is not None and k not in mine
+        if _n_scored(example, s, e) == 0 or (theirs and not decoder.sharded):
             with torch.no_grad():
                 decoder(_ids(decoder, example, s, e), start=s, cache=cache)
             continue
         nll = run_pass(decoder, example, s, e, cache, opts, pass_loss)
+        if theirs:  # fsdp2: a backward's gathers are collectives that every rank must join
+            (nll * 0.0).backward()
+            continue
         (nll / group.n_targets).backward()
         total += float(nll.detach())
     return total / group.n_targets

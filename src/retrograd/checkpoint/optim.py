@@ -38,8 +38,10 @@ def optimizer_state(
     *,
     kind: str,
     hyper: Mapping[str, Any] | None = None,
+    slots: bool = True,
 ) -> OptimizerState:
-    """Capture `optimizer` (AdamW, SGD, ...) whose parameters are called `names`, in order."""
+    """Capture `optimizer` (AdamW, SGD, ...) whose parameters are called `names`, in order;
+    without `slots`, its groups alone (a distributed checkpoint keeps the slots elsewhere)."""
     sd = optimizer.state_dict()
     groups = []
     for g in sd["param_groups"]:
@@ -47,15 +49,15 @@ def optimizer_state(
         groups.append({**{k: _plain(v) for k, v in g.items() if k != "params"}, "params": params})
     if sum(len(g["params"]) for g in groups) != len(names):
         raise ValueError(f"{len(names)} names for an optimizer of a different parameter count")
-    slots = []
-    for index, per_param in sorted(sd["state"].items()):
+    kept = []
+    for index, per_param in sorted(sd["state"].items() if slots else ()):
         for slot, value in per_param.items():
             if value is None:
                 continue  # SGD without momentum keeps momentum_buffer = None
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"optimizer state {names[index]}/{slot}: {type(value).__name__}")
-            slots.append(_slot(kind, names[index], slot, value))
-    return OptimizerState(kind, dict(hyper or {}), tuple(groups), tuple(slots))
+            kept.append(_slot(kind, names[index], slot, value))
+    return OptimizerState(kind, dict(hyper or {}), tuple(groups), tuple(kept))
 
 
 def restore_optimizer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from retrograd.checkpoint.codec import ADAPTER, read_state, write_state
@@ -38,11 +39,14 @@ def save_checkpoint(
     state: CheckpointState,
     *,
     export_adapter: bool = True,
+    fill: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `state` as `<directory>/<checkpoint_id>.state` atomically; returns that path.
 
     With `export_adapter` and an adapter in the state, also writes `<checkpoint_id>.gguf` beside
-    it in the adapter's export dtype, after the directory has landed.
+    it in the adapter's export dtype, after the directory has landed. `fill(tmp)` writes more
+    files into the temporary directory first (a distributed run's ranks, distributed/); the
+    manifest covers them.
     """
     step = check_id(checkpoint_id)
     if step is not None and step != state.global_step:
@@ -53,6 +57,8 @@ def save_checkpoint(
     tmp = directory / f".{checkpoint_id}.tmp-{os.getpid()}-{next(_COUNTER)}"
     tmp.mkdir()
     try:
+        if fill is not None:
+            fill(tmp)
         write_state(tmp, checkpoint_id, state)
         fsync_dir(tmp)
         final = _land(directory, checkpoint_id, tmp)
