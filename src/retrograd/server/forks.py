@@ -8,7 +8,8 @@ The new run starts from those weights as `[lora] init_adapter`, with a fresh opt
 counter and schedule: what `retrograd train` does with `init_adapter` (a checkpoint's optimizer
 state belongs to its own run and is not carried over). Its document is the one sent, or, with
 `{run}` and no document, the source run's own document (its output and checkpoint folders
-dropped, so the new run gets its own); `params` are laid over it either way. The adapter fixes
+dropped, so the new run gets its own, and so is an [observe] directory); `params` are laid
+over it either way. The adapter fixes
 rank, alpha, seed, targets and dtype, so those keys are dropped from `[lora]`.
 """
 
@@ -93,15 +94,23 @@ def _adapter(record: RunRecord, checkpoint: str | None) -> Path | None:
 
 
 def _own_document(record: RunRecord) -> dict[str, Any]:
+    """The source run's document without the folders that were its own."""
     document = copy.deepcopy(record.document)
     for derived in ("output", "checkpoint"):
         document.pop(derived, None)
+    observe = document.get("observe")
+    if isinstance(observe, dict):  # a recipe's trajectories went to its own folder
+        observe.pop("directory", None)
     return document
 
 
-def apply(document: dict[str, Any], adapter: Path) -> dict[str, Any]:
-    """The document starting from `adapter`: init_adapter set, the adapter's own keys dropped."""
+def apply(document: dict[str, Any], adapter: Path, run_dir: Path) -> dict[str, Any]:
+    """The document starting from `adapter`: init_adapter set, the adapter's own keys dropped,
+    an [observe] without a directory given one in the new run's folder."""
     out = copy.deepcopy(document)
+    observe = out.get("observe")
+    if isinstance(observe, dict) and "directory" not in observe:
+        observe["directory"] = str(run_dir / "observe")
     lora = out.setdefault("lora", {})
     if not isinstance(lora, dict):
         raise _invalid("[lora] must be a table")

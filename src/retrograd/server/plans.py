@@ -41,6 +41,7 @@ from retrograd.server.problems import FieldError, Problem, pointer
 SCHEMA_VERSION = 1
 OPTIMIZER_BYTES = {"adamw": 8, "muon": 4, "gefen": 2, "sgd": 0}
 ROLLOUT = ("ppo", "grpo", "agent_grpo")
+MAX_COUNTED_BYTES = 64 << 20  # larger data is not tokenized for a plan (data_not_counted)
 
 
 def _gpu() -> tuple[str, int] | None:
@@ -336,6 +337,12 @@ def _sft_steps(cfg) -> dict[str, Any]:
 
     ctx, fmt = cfg.training.ctx, cfg.sft.data_format
     paths = [cfg.sft.data] + ([cfg.evaluation.data] if cfg.evaluation is not None else [])
+    large = [p for p in paths if Path(p).stat().st_size > MAX_COUNTED_BYTES]
+    if large:  # a plan answers within a request's time; the run counts its own steps
+        raise ValueError(
+            f"{Path(large[0]).name} is over {MAX_COUNTED_BYTES >> 20} MiB; the run counts "
+            "its steps when it starts"
+        )
     chat = None
     if any(infer_format(Path(p), fmt) == "jsonl" for p in paths):
         chat = chat_format(cfg.model.path, cfg.sft.template_variables)

@@ -156,7 +156,7 @@ async def _prepared(request: Request, run_dir: Path, calibrate: bool = False):
             adapter, theirs, why = forks.source(asked.fork, store, config)
         if document is None and theirs is None:
             raise _invalid("config", "missing_field", "required with fork_from {path}")
-        document = forks.apply(document if document is not None else theirs, adapter)
+        document = forks.apply(document if document is not None else theirs, adapter, run_dir)
         if adapter.is_relative_to(store.root.resolve()):
             own.append(adapter.parent)  # another run's folder: the server's own files
     datasets = request.app.state.datasets
