@@ -273,10 +273,13 @@ def memory(cfg, shape: Shape) -> dict[str, Any]:
     posts = memory_posts(cfg, shape)
     gpu = on_gpu(cfg)
     total = sum(posts.values())
+    dense = sum(t.n_elements for t in shape.linears.values()) * _compute_bytes(gpu)
     return {
         "estimated": True,
         "device": "cuda" if gpu else "cpu",
         "posts": [{"post": k, "bytes": v} for k, v in posts.items()],
+        # taken at load only where it fits in the memory then free (model/loader.py)
+        "optional": [{"post": "dequantized_weight_cache", "bytes": dense}],
         "vram_bytes": total if gpu else 0,
         "ram_bytes": shape.file_bytes if gpu else total,
         "total_bytes": total,
