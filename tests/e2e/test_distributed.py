@@ -170,3 +170,33 @@ def _rank(p: psutil.Process) -> str | None:
         return p.environ().get("RANK")
     except psutil.Error:
         return None
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_dpo_adapter_of_one_process(tmp_path):
+    """DPO with its reference scores computed by both ranks' shares, each rank one of every
+    step's two pairs, held-out evaluation and checkpoints; sgd sees the gradients' scale."""
+    from tests.e2e.test_train_preference import CHAT_TEMPLATE
+    from tests.e2e.test_train_preference import write_run as write_pairs_run
+    from tests.factories.tiny_gguf import write_tiny
+
+    model = write_tiny(tmp_path / "chat.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
+    sections = {
+        "evaluation": {"data": "held.jsonl"},
+        "checkpoint": 'directory = "ck"\nmode = "steps"\nevery_steps = 3',
+    }
+    done = {}
+    for name, ranks in (("one", 1), ("two", 2)):
+        (tmp_path / name).mkdir()
+        run = write_pairs_run(
+            tmp_path / name,
+            model,
+            {"loss": "dpo", "pairs_per_step": 2},
+            training={"optimizer": "sgd", "lr": 0.5, "epochs": 2},
+            **sections,
+        )
+        done[name] = launch(train(run, ranks=ranks), run.parent)
+        assert done[name].returncode == 0, done[name].stdout + done[name].stderr
+    one, two = (tmp_path / n / "out/adapter.gguf" for n in ("one", "two"))
+    assert_same_adapter(one, two)
+    assert (tmp_path / "two/ck/step-000000000006.state/dcp/.metadata").is_file()

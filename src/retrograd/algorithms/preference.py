@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrograd import distributed
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due
 from retrograd.algorithms.step import checked_step
@@ -185,6 +186,8 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
     )
     rate, steps = tr.rate, total_steps(pairs, cfg)
     loss_fn = loss_of(p)
+    # under torchrun each rank scores its share of every step's pieces (docs/distributed.md)
+    replicas = distributed.wrap_trainable(model, tr, cfg)
     settings = {
         "preference": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "shared_prefix_fanout": t.shared_prefix_fanout,
@@ -245,6 +248,7 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
             members = [int(j) for j in order[start:end]]
             lr = lr_at(pos.global_step, steps, rate, t.lr_scheduler, t.warmup_steps)
             stats = score_pairs(model.decoder, pairs, members, cfg, train_ref, loss_fn, train=True)
+            replicas.sum_step(params)  # each rank's pieces' gradients: the whole step's
             where = f"step {pos.global_step + 1} ({pairs[members[0]].key}, {len(members)} pairs)"
             checked_step(params, optimizer, t.max_grad_norm, lr, stats.loss, where)
             last = end == len(order)
@@ -461,11 +465,12 @@ def score_pairs(
     decoder, pairs, members: list[int], cfg, ref: Scores | None, loss_fn, *, train: bool
 ) -> PairStats:
     """Each pass's loss over len(members) pairs, backward when training: the passes'
-    gradients sum to the gradient of the mean loss over `members`."""
+    gradients sum to the gradient of the mean loss over `members`. Under torchrun each rank
+    runs its share of the passes; the statistics of all of them come back on every rank."""
     t = cfg.training
     parts: dict[str, list[np.ndarray]] = {}
     order: list[int] = []
-    for piece in pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout):
+    for piece in _mine(pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout)):
         chosen, rejected = score(decoder, pairs, piece, t)
         out = loss_fn(_scored(pairs, piece, chosen, rejected, ref), len(members))
         if train:
@@ -473,9 +478,18 @@ def score_pairs(
         order += piece.pairs
         for k, v in _columns(out).items():
             parts.setdefault(k, []).append(v)
+    if distributed.world().active:  # every rank's pieces, in rank order: one process's order
+        shares = distributed.gather_objects((order, parts))
+        order = [i for o, _ in shares for i in o]
+        parts = {k: [v for _, p in shares for v in p.get(k, [])] for k in shares[0][1]}
     back = np.argsort(order)  # pieces regroup pairs: put them back in `members` order
     columns = {k: np.concatenate(v)[back] for k, v in parts.items()}
     return PairStats(sorted(members), columns)
+
+
+def _mine(pieces: list[Piece]) -> list[Piece]:
+    """This rank's block of a step's pieces (all of them in one process)."""
+    return [pieces[k] for k in distributed.share(len(pieces))]
 
 
 def _scored(pairs, piece: Piece, chosen, rejected, ref: Scores | None) -> Scored:
@@ -530,10 +544,14 @@ def reference_scores(cfg, model, adapters, sets: dict[str, list[TokenPair]]) -> 
             scores = Scores.unset(len(pairs))
             members = list(range(len(pairs)))
             fanout = cfg.training.shared_prefix_fanout
-            for piece in pieces_of(pairs, members, cfg.training.micro_batch, fanout):
+            found = []
+            for piece in _mine(pieces_of(pairs, members, cfg.training.micro_batch, fanout)):
                 chosen, rejected = score(decoder or model.decoder, pairs, piece, cfg.training)
-                scores.chosen[list(piece.pairs)] = chosen.float().cpu().numpy()
-                scores.rejected[list(piece.pairs)] = rejected.float().cpu().numpy()
+                found.append(
+                    (piece.pairs, chosen.float().cpu().numpy(), rejected.float().cpu().numpy())
+                )
+            for idx, chosen, rejected in (f for s in distributed.gather_objects(found) for f in s):
+                scores.chosen[list(idx)], scores.rejected[list(idx)] = chosen, rejected
             out[name] = scores
     return out
 
