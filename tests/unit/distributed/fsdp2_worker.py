@@ -5,7 +5,7 @@ Each rank trains LoRA on its half of every batch over a decoder whose blocks are
 a whole, unsharded copy on both halves with gradient accumulation 2. It writes, per rank, the
 largest difference between the two adapters and the block bytes it holds between passes.
 
-usage: fsdp2_worker.py MODEL.gguf OUT_DIR DTYPE CHECKPOINTING
+usage: fsdp2_worker.py OUT_DIR MODEL.gguf,DTYPE,CHECKPOINTING ...  (one launch, several models)
 """
 
 from __future__ import annotations
@@ -57,39 +57,41 @@ def train(decoder, params, micro_batches) -> None:
         opt.step()
 
 
-def main() -> None:
-    path, out, dtype_name, ckpt = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
-    dtype = getattr(torch, dtype_name)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def check(path: str, dtype: torch.dtype, checkpointing: bool, rank: int) -> dict:
+    """The sharded run against the whole one on one model; what this rank saw."""
     torch.manual_seed(0)
-
-    ref, ref_adapters, ref_params = build(path, dtype, ckpt)
+    ref, ref_adapters, ref_params = build(path, dtype, checkpointing)
     data = batches(ref.cfg.n_vocab)
     train(ref, ref_params, lambda s: list(data[s].split(MICRO)))
 
-    decoder, adapters, params = build(path, dtype, ckpt)
+    decoder, adapters, params = build(path, dtype, checkpointing)
     whole = block_bytes(decoder)
     shard_decoder(decoder, params)
     before = local_bytes(decoder)
     train(decoder, params, lambda s: [data[s].split(MICRO)[rank]])
-    after = local_bytes(decoder)
     worst = max(
         (getattr(adapters[n], f) - getattr(ref_adapters[n], f)).abs().max().item()
         for n in adapters
         for f in ("lora_a", "lora_b")
     )
-    moved = max(a.lora_b.abs().max().item() for a in adapters.values())
-    report = {
-        "rank": rank,
+    return {
         "worst": worst,
-        "moved": moved,
+        "moved": max(a.lora_b.abs().max().item() for a in adapters.values()),
         "whole": whole,
         "local_before": before,
-        "local_after": after,
+        "local_after": local_bytes(decoder),
         "cache": decoder.token_embd.cache.enabled,
     }
-    (out / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for i, spec in enumerate(sys.argv[2:]):  # MODEL.gguf,DTYPE,CHECKPOINTING
+        path, dtype, checkpointing = spec.split(",")
+        report = check(path, getattr(torch, dtype), checkpointing == "1", rank)
+        (out / f"{i}-rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 

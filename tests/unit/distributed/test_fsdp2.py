@@ -27,40 +27,43 @@ WORKER = Path(__file__).with_name("fsdp2_worker.py")
 ENV = {"OMP_NUM_THREADS": "1", "RETRO_THREADS": "1", "RETRO_COMPILE": "0"}
 
 
-def two_ranks(model: Path, out: Path, dtype: str, checkpointing: bool) -> list[dict]:
+def two_ranks(out: Path, specs: list[str]) -> list[list[dict]]:
+    """One torchrun launch over every spec; per spec, the two ranks' reports."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*launcher, "--nproc_per_node", "2", str(WORKER), str(model), str(out), dtype]
     done = subprocess.run(
-        [*cmd, "1" if checkpointing else "0"],
+        [*launcher, "--nproc_per_node", "2", str(WORKER), str(out), *specs],
         capture_output=True,
         text=True,
         env=os.environ | ENV,
-        timeout=240,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [
+        [json.loads((out / f"{i}-rank{r}.json").read_text()) for r in range(2)]
+        for i in range(len(specs))
+    ]
+
+
+CASES = [  # (model, llama.cpp quantization, compute dtype, activation checkpointing)
+    ("gemma3", "MOSTLY_Q4_K_M", "float32", False),  # tied head, K-quants, sandwich norms
+    ("qwen3moe", "MOSTLY_Q8_0", "float32", True),  # expert tensors, recomputed blocks
+    ("llama", "MOSTLY_Q4_K_M", "bfloat16", False),  # the fused 16-bit path
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "ftype", "dtype", "checkpointing"),
-    [
-        ("gemma3", "MOSTLY_Q4_K_M", "float32", False),  # tied head, K-quants, sandwich norms
-        ("qwen3moe", "MOSTLY_Q8_0", "float32", True),  # expert tensors, recomputed blocks
-        ("llama", "MOSTLY_Q4_K_M", "bfloat16", False),  # the fused 16-bit path
-    ],
-)
-def test_sharded_lora_equals_one_process(tiny_model, tmp_path, name, ftype, dtype, checkpointing):
-    reports = two_ranks(tiny_model(name, ftype), tmp_path, dtype, checkpointing)
-    for r in reports:
-        tol = 0.0 if dtype == "float32" else 0.05 * r["moved"]  # bf16: the cache-on reference
-        assert r["moved"] > 1e-3  # it trained
-        assert r["worst"] <= tol, r
-        assert not r["cache"]  # no dense copy of a whole weight on a rank
-        # between passes each rank holds its half of every block's bytes, after training too
-        assert r["local_before"] == r["local_after"]
-        assert abs(r["local_before"] - r["whole"] / 2) <= 64  # one byte of padding a tensor
-    assert sum(r["local_before"] for r in reports) == reports[0]["whole"]
+def test_sharded_lora_equals_one_process(tiny_model, tmp_path):
+    specs = [f"{tiny_model(m, q)},{d},{int(c)}" for m, q, d, c in CASES]
+    for (name, _, dtype, _), reports in zip(CASES, two_ranks(tmp_path, specs), strict=True):
+        for r in reports:
+            tol = 0.0 if dtype == "float32" else 0.05 * r["moved"]  # bf16: cache-on reference
+            assert r["moved"] > 1e-3, name  # it trained
+            assert r["worst"] <= tol, (name, r)
+            assert not r["cache"]  # no dense copy of a whole weight on a rank
+            # between passes each rank holds its half of every block's bytes, after training too
+            assert r["local_before"] == r["local_after"]
+            assert abs(r["local_before"] - r["whole"] / 2) <= 64  # a byte of padding a tensor
+        assert sum(r["local_before"] for r in reports) == reports[0]["whole"]
 
 
 def test_registered_bytes_are_read_through_the_module(tiny_model):
