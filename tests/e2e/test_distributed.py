@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.e2e.test_train_distill import models  # noqa: F401 (the student and its teacher)
 from tests.e2e.test_train_sft import write_run
 
 LAUNCH_TIMEOUT = 300  # seconds; a run here takes seconds
@@ -200,3 +201,29 @@ def test_two_ranks_train_the_dpo_adapter_of_one_process(tmp_path):
     one, two = (tmp_path / n / "out/adapter.gguf" for n in ("one", "two"))
     assert_same_adapter(one, two)
     assert (tmp_path / "two/ck/step-000000000006.state/dcp/.metadata").is_file()
+
+
+@pytest.mark.slow
+def test_two_ranks_distill_offline_like_one_process(models, tmp_path):  # noqa: F811
+    """Offline top-k distillation runs SFT's steps: the reference defaults, accumulation 2."""
+    from tests.e2e.test_train_distill import OFFLINE
+    from tests.e2e.test_train_distill import write_run as write_distill_run
+
+    training = {"ctx": 128, "micro_batch": 32, "gradient_accumulation": 2, "optimizer": "sgd"}
+    done = {}
+    for name, ranks in (("one", 1), ("two", 2)):
+        (tmp_path / name).mkdir()
+        run = write_distill_run(
+            tmp_path / name, models, dict(OFFLINE, offline_epochs=2), training=training
+        )
+        if ranks == 1:
+            teacher = launch(
+                [sys.executable, "-m", "retrograd.cli.main", "distill-teacher", str(run)],
+                run.parent,
+            )
+            assert teacher.returncode == 0, teacher.stderr
+        else:
+            (run.parent / "corpus.topk").write_bytes((tmp_path / "one/corpus.topk").read_bytes())
+        done[name] = launch(train(run, ranks=ranks), run.parent)
+        assert done[name].returncode == 0, done[name].stdout + done[name].stderr
+    assert_same_adapter(tmp_path / "one/out/adapter.gguf", tmp_path / "two/out/adapter.gguf")
