@@ -22,6 +22,22 @@ export function render(view) {
   let stopped = false;
   let shown = null; // what the table shows: redrawn only when it changes, so a click lands
 
+  // A summary has no plan: a run's view is read for its step count (the bar's total) once per
+  // status it shows (a run's own count replaces the plan's when it starts).
+  const plans = new Map();
+  const key = (run) => `${run.id} ${run.status}`;
+  async function plansOf(runs) {
+    const missing = runs.filter((run) => !plans.has(key(run)) && run.status !== "completed");
+    await Promise.all(
+      missing.map((run) =>
+        api(`/runs/${encodeURIComponent(run.id)}`)
+          .then((view) => plans.set(key(run), view.plan || {}))
+          .catch(() => plans.set(key(run), {})),
+      ),
+    );
+    for (const run of runs) run.plan = plans.get(key(run));
+  }
+
   async function refresh() {
     clearTimeout(timer);
     await load();
@@ -31,6 +47,7 @@ export function render(view) {
   async function load() {
     try {
       const { runs } = await api("/runs", { query: { status: filter.value, limit: 100 } });
+      await plansOf(runs);
       if (stopped) return;
       const seen = JSON.stringify(runs);
       if (seen === shown) return;

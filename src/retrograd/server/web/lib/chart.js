@@ -82,6 +82,7 @@ export function lineChart(title, names) {
       const last = points.at(-1);
       if (last && last[0] === x) points[points.length - 1] = [x, y];
       else points.push([x, y]);
+      element.dataset.points = String(this.count()); // at once; the drawing waits for a frame
       schedule();
     },
     count() {
