@@ -3,6 +3,7 @@
 
 import { api } from "../lib/api.js";
 import { attempt, button, describeError, fill, h, table } from "../lib/dom.js";
+import { message } from "../lib/conversation.js";
 import { bytes, number, when } from "../lib/format.js";
 
 function mediaOf(file) {
@@ -14,6 +15,17 @@ function mediaOf(file) {
 function statsTable(stats) {
   if (!stats || !stats.measured) return h("span", { class: "muted" }, "not measured");
   return ["total_tokens", "p50", "p90", "p99", "max"].map((k) => h("span", { class: "stat" }, `${k} ${number(stats[k])} `));
+}
+
+// One example as stored: a text line, a conversation's turns, or a preference pair's parts.
+function example(e) {
+  if (typeof e === "string") return h("pre", {}, e);
+  if (Array.isArray(e.messages)) return h("div", { class: "conversation" }, e.messages.map((m) => message(m)));
+  if ("chosen" in e && "rejected" in e) {
+    const part = (label, value) => h("div", {}, h("strong", {}, label), Array.isArray(value) ? value.map((m) => message(m)) : h("pre", {}, String(value)));
+    return h("div", {}, part("prompt", e.prompt), part("chosen", e.chosen), part("rejected", e.rejected));
+  }
+  return h("pre", {}, JSON.stringify(e, null, 2));
 }
 
 export function render(view) {
@@ -80,7 +92,7 @@ export function render(view) {
     ));
     attempt(preview, async () => {
       const answer = await api(`/datasets/${encodeURIComponent(d.id)}/preview`, { query: { limit: 5 } });
-      return h("ol", { class: "examples" }, answer.examples.map((e) => h("li", {}, h("pre", {}, typeof e === "string" ? e : JSON.stringify(e, null, 2)))));
+      return h("ol", { class: "examples" }, answer.examples.map((e) => h("li", {}, example(e))));
     });
 
     function tokenize() {
