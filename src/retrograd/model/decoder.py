@@ -171,7 +171,9 @@ class Block(nn.Module):
         return x + norm(y)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.step(x, ctx)[0]
+        # NOTE: the class's step, not the instance's: FSDP2 wraps `step` of a sharded block
+        # in its gathers (model/fsdp2.py), which a call through forward already has.
+        return Block.step(self, x, ctx)[0]
 
     def step(
         self,
