@@ -110,3 +110,31 @@ def _port_once() -> int:
     if not _PORT:
         _PORT.append(_port())
     return _PORT[0]
+
+
+def test_a_checkpoint_resumes_only_with_the_world_size_that_saved_it():
+    import dataclasses
+
+    from retrograd.distributed.checkpoint import WORLD_SIZE, check_world
+    from tests.unit.checkpoint.sample_state import make_state
+
+    state = make_state()
+    ident = state.identity
+    two = dataclasses.replace(
+        state,
+        identity=dataclasses.replace(
+            ident, trajectory_settings={**ident.trajectory_settings, WORLD_SIZE: 2}
+        ),
+    )
+    check_world(state, "ck/one.state")  # one process saved it, one resumes
+    with pytest.raises(ConfigError, match=r"saved by 2 ranks and this run has 1 \(the world"):
+        check_world(two, "ck/two.state")
+
+
+def test_buckets_hold_one_dtype_within_the_byte_limit(monkeypatch):
+    from retrograd.distributed import _buckets
+
+    monkeypatch.setattr(distributed, "BUCKET_BYTES", 64)
+    ps = [torch.zeros(8), torch.zeros(8), torch.zeros(4, dtype=torch.float64), torch.zeros(40)]
+    sizes = [[p.numel() for p in b] for b in _buckets(ps)]
+    assert sizes == [[8, 8], [4], [40]]  # 32 + 32 bytes; a new dtype; one alone past the limit
