@@ -50,8 +50,8 @@ def points(browser: Browser) -> int:
 
 def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_path):
     data = tmp_path / "data.txt"
-    # the reference defaults' geometry (ctx 128, micro_batch 32): about six steps
-    toml = sft_toml(model, data).replace("ctx = 32", "ctx = 128")
+    # the reference defaults' geometry (ctx 128, micro_batch 32) on half the text: five steps
+    toml = sft_toml(model, data, text=TEXT[: len(TEXT) // 2]).replace("ctx = 32", "ctx = 128")
     toml = toml.replace("micro_batch = 16", "micro_batch = 32").replace(str(model), "")
     with (
         RunServer(
@@ -99,6 +99,15 @@ def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_p
         view = httpx.get(f"{server.url}/runs/{run_id}").json()
         assert points(browser) == view["progress"]["global_step"]
         assert json.loads(run_json.read_text())["status"] == "completed"
+        # every reported metric can be picked and drawn
+        names = browser.eval(
+            "[...document.querySelectorAll('#metric-picker option')].map(o => o.value)"
+        )
+        assert "train/loss" in names
+        set_field(browser, "#metric-picker", "train/loss")
+        assert browser.eval("+document.querySelector('.metric .chart').dataset.points") == points(
+            browser
+        )
         browser.wait("document.querySelector('#artifacts tr[data-artifact=\"adapter\"] button')")
 
         # a signed link (what Download opens) gives the adapter without a header

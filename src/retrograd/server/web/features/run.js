@@ -41,6 +41,33 @@ export function render(view, { parts, features }) {
   const reward = lineChart("reward", ["reward"]);
   reward.element.id = "reward-chart";
   reward.element.hidden = true;
+  // Any metric the run reports (metrics events, docs/metrics.md), one at a time by a picker.
+  const metrics = new Map(); // name -> [[step, value], ...]
+  const picker = h("select", { id: "metric-picker" });
+  const picked = h("div", {});
+  const metricCard = h("div", { class: "metric", hidden: true }, h("label", { class: "inline" }, "Metric ", picker), picked);
+  let metricChart = null;
+  picker.addEventListener("change", drawMetric);
+
+  function drawMetric() {
+    metricChart = lineChart(picker.value, [picker.value]);
+    for (const [x, y] of metrics.get(picker.value) || []) metricChart.add(picker.value, x, y);
+    fill(picked, metricChart.element);
+  }
+
+  function addMetrics(step, values) {
+    for (const [name, value] of Object.entries(values || {})) {
+      if (typeof value !== "number") continue;
+      if (!metrics.has(name)) {
+        metrics.set(name, []);
+        picker.append(h("option", { value: name }, name));
+        metricCard.hidden = false;
+        if (metrics.size === 1) drawMetric();
+      }
+      metrics.get(name).push([step, value]);
+      if (name === picker.value && metricChart) metricChart.add(name, step, value);
+    }
+  }
   const journal = h("ol", { class: "journal", id: "journal" });
   const checkpoints = h("div", { id: "checkpoints" });
   const artifacts = h("div", { id: "artifacts" });
@@ -53,7 +80,7 @@ export function render(view, { parts, features }) {
     h("p", {}, h("a", { href: "#/runs" }, "← runs")),
     head,
     message,
-    h("div", { class: "charts" }, loss.element, reward.element),
+    h("div", { class: "charts" }, loss.element, reward.element, metricCard),
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Journal"), journal),
       h("section", {},
@@ -110,6 +137,7 @@ export function render(view, { parts, features }) {
         reward.add("reward", rest.global_step, rest.reward);
       }
     }
+    if (type === "metrics") addMetrics(rest.global_step, rest.values);
     if (type === "evaluation") {
       const key = Object.keys(rest.values || {}).find((k) => k.endsWith("loss"));
       if (key) loss.add("eval", rest.global_step, rest.values[key]);
