@@ -251,6 +251,15 @@ class Browser:
         self.eval(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", {"text": text})
 
+    def save_downloads(self, folder: Path) -> None:
+        """Downloads go to `folder` under the names the server gives them."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.call(
+            "Browser.setDownloadBehavior",
+            {"behavior": "allow", "downloadPath": str(folder)},
+            session=False,
+        )
+
     def choose_file(self, selector: str, path: Path) -> None:
         """Put a file in a file input, as the file picker would."""
         root = self.call("DOM.getDocument")["root"]["nodeId"]

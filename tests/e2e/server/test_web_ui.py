@@ -1,10 +1,12 @@
 """The server's web page in headless Chromium, driven like a user over the DevTools protocol:
-a tiny SFT run planned and started from the page, followed live, paused and resumed; the
-login screen of a server with a token; no page at all with `ui = false`."""
+a tiny SFT run planned and started from the page, followed live, paused, resumed, downloaded
+and chatted with; a run's rollouts browsed and a dataset uploaded, previewed, tokenized and
+planned as a recipe; the login screen of a server with a token; no page with `ui = false`."""
 
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -110,13 +112,18 @@ def test_a_run_started_from_the_page_is_followed_paused_and_resumed(model, tmp_p
         )
         browser.wait("document.querySelector('#artifacts tr[data-artifact=\"adapter\"] button')")
 
-        # a signed link (what Download opens) gives the adapter without a header
-        href = browser.eval(
-            f"""fetch('v1/runs/{run_id}/artifacts/adapter/link', {{method: 'POST'}})
-                .then(r => r.json()).then(j => j.href)"""
+        # Download: the browser saves the adapter through a signed link (no header needed)
+        downloads = tmp_path / "downloads"
+        browser.save_downloads(downloads)
+        browser.click('#artifacts tr[data-artifact="adapter"] button')
+        saved = downloads / f"{run_id}-adapter.gguf"
+        deadline = time.monotonic() + 60
+        while not saved.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (
+            saved.read_bytes()
+            == (tmp_path / "state" / run_id / "output" / "adapter.gguf").read_bytes()
         )
-        adapter = httpx.get(page_url(server) + href.lstrip("/"))
-        assert adapter.status_code == 200 and adapter.content[:4] == b"GGUF"
 
         # the compare pane chats with the run and with its base side by side
         browser.click(f'a[href="#/compare?run={run_id}"]')
