@@ -25,7 +25,7 @@ class _Files(StaticFiles):
 
 
 def mount_web(app: FastAPI) -> None:
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page():
         return FileResponse(WEB / "index.html", headers=NO_CACHE)
 

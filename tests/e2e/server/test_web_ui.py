@@ -180,7 +180,8 @@ def test_with_a_token_the_page_asks_for_it_first(model, tmp_path):
         RunServer(tmp_path / "state", token="open-sesame") as server,
         Browser(tmp_path) as browser,
     ):
-        assert httpx.get(page_url(server) + "web/app.js").status_code == 200  # public files
+        assert httpx.head(page_url(server)).status_code == 200  # the page and its files
+        assert httpx.get(page_url(server) + "web/app.js").status_code == 200  # are public
         browser.open(page_url(server))
         browser.wait("document.querySelector('#login') !== null")
         browser.type("#token", "wrong")
