@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retrograd.server.documents import inside
+
 CACHE_SECONDS = 30.0
 MAX_DEPTH = 4
 MAX_FILES = 1000
@@ -35,7 +37,11 @@ class ModelFiles:
             for folder, dirs, files in os.walk(root):
                 depth = len(Path(folder).parts) - base
                 dirs[:] = [] if depth >= MAX_DEPTH else sorted(d for d in dirs if d[0] != ".")
-                found += [Path(folder) / f for f in sorted(files) if f.endswith(".gguf")]
+                found += [
+                    Path(folder) / f
+                    for f in sorted(files)
+                    if f.endswith(".gguf") and inside(Path(folder) / f, root)
+                ]  # a symlink to a file outside the root is not the root's
                 if len(found) >= MAX_FILES:
                     return found[:MAX_FILES]
         return found

@@ -58,7 +58,7 @@ def start(client, document: dict) -> dict:
     return r.json()
 
 
-def test_grpo_with_a_catalogue_reward_and_judge_is_evaluated_while_it_trains(served):
+def test_grpo_with_a_catalogue_reward_and_judge_followed_to_its_end_and_evaluated(served):
     server, model, tmp = served
     lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
     (tmp / "prompts.jsonl").write_text("\n".join(lines) + "\n")
@@ -72,7 +72,7 @@ def test_grpo_with_a_catalogue_reward_and_judge_is_evaluated_while_it_trains(ser
             "reward": {"id": "letters"},
             "judge": {"id": "letters-judge"},
             "judge_weight": 0.5,
-            "updates": 100,  # far more than the test waits for
+            "updates": 2,
             "prompts_per_update": 2,
             "group_size": 2,
             "grpo_epochs": 1,
@@ -88,14 +88,23 @@ def test_grpo_with_a_catalogue_reward_and_judge_is_evaluated_while_it_trains(ser
         judge = run["effective_config"]["grpo"]["judge"]
         assert judge["type"] == "command" and judge["command"][-1].endswith("judge.py")
         assert run["provenance"]["grpo.judge"]["reason"] == "[[judge]] letters-judge"
-        events = server.events(run["id"])
-        assert wait_for(events, "progress")["iteration"] == 1
-        measured = c.post(f"/runs/{run['id']}/evaluate").json()
-        assert measured["examples"] == len(PROMPTS) and measured["iteration"] >= 1
+        c.post(f"/runs/{run['id']}/pause")  # while it starts: held after its first update
+        wait_for(server.events(run["id"]), "status", status="paused")
+        measured = c.post(f"/runs/{run['id']}/evaluate").json()  # asked while paused
+        assert (measured["examples"], measured["iteration"]) == (len(PROMPTS), 1)
         low, mean, high = (measured[k] for k in ("reward_min", "mean_reward", "reward_max"))
         assert 0 <= low <= mean <= high <= 1 and 0 <= measured["accuracy"] <= 1
-        assert c.post(f"/runs/{run['id']}/cancel", json={"at": "now"}).status_code == 202
-        assert wait_for(events, "terminal")["status"] == "cancelled"
+        assert c.post(f"/runs/{run['id']}/resume").status_code == 202
+        events = list(server.events(run["id"], since=0))  # all of it, to its terminal event
+    seqs = [data["seq"] for _, data in events]
+    assert seqs == list(range(1, len(seqs) + 1))  # gapless from 1
+    statuses = [data["status"] for kind, data in events if kind == "status"]
+    assert statuses[:2] == ["queued", "starting"] and statuses[-1] == "completed"
+    assert statuses.index("paused") < statuses.index("running", statuses.index("paused"))
+    assert events[-1] == ("terminal", {**events[-1][1], "status": "completed"})
+    progress = [data for kind, data in events if kind == "progress"]
+    assert [p["iteration"] for p in progress] == [1, 2] and progress[-1]["iterations"] == 2
+    assert [k for k, d in events].count("evaluation") == 1  # its own, after the last update
 
 
 def test_agent_grpo_with_a_catalogue_mcp_server_and_environment_trains_and_evaluates(served):

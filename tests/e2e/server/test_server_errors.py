@@ -1,5 +1,16 @@
 """Every problem type the server answers today, each produced by a real request to a real
-server (token, path roots, a small body limit, a catalogue), and path escapes refused."""
+server (token, path roots, a small body limit, a catalogue), and path escapes refused.
+
+formats.md §9.2's types and the test that produces each (insufficient-memory: test_server_plans
+and test_server_recipes; device-busy, an OpenAI-route error: test_server_limits):
+unauthorized (test_bearer_token_guards_everything_under_v1), method-not-allowed,
+unsupported-media-type, not-implemented (test_routes_methods_media_and_sizes),
+payload-too-large (there and test_datasets_...), timeout (test_slow_requests_...),
+invalid-request (test_invalid_documents_...), server-declared and unknown-catalog-id
+(test_server_declared_fields_and_catalogue_ids), forbidden-path (test_paths_outside_the_roots_...,
+test_path_escapes_...), not-found and conflict (test_conflicts_patch_whitelist_...), internal
+(test_an_unexpected_failure_is_an_internal_problem).
+"""
 
 from __future__ import annotations
 
@@ -383,3 +394,43 @@ def test_datasets_by_content_preview_tokenize_and_use(setup):
 
         assert c.delete(f"/datasets/{chat['id']}").status_code == 204
         problem(c.get(f"/datasets/{chat['id']}"), 404, "not-found")
+
+
+def test_path_escapes_are_refused_for_run_documents_datasets_and_model_files(setup):
+    """`..`, a symlink in a root pointing outside it, and an absolute path outside the roots:
+    refused wherever a request names a file (a run's model and data, a dataset's tokenizer
+    model), and never listed among the model files."""
+    server, root, outside, model = setup
+    (outside / "m.gguf").write_bytes(model.read_bytes())
+    os.symlink(outside / "m.gguf", root / "escape.gguf")
+    escapes = {
+        "absolute": str(outside / "m.gguf"),
+        "dotdot": f"{root}/../{outside.name}/m.gguf",
+        "symlink": str(root / "escape.gguf"),
+    }
+    good = sft_toml(model, root / "data.txt")
+    with server.client() as c:
+        text = c.post("/datasets", content="the cat\n", headers={"Content-Type": "text/plain"})
+        assert text.status_code in (200, 201), text.text
+        for how, path in escapes.items():
+            run = good.replace(f'path = "{model}"', f'path = "{path}"')
+            r = c.post("/runs", content=run, headers={"Content-Type": "application/toml"})
+            assert codes(problem(r, 403, "forbidden-path")) == [("/model/path", "forbidden_path")]
+            r = c.post(f"/datasets/{text.json()['id']}/tokenize", json={"model": path})
+            assert codes(problem(r, 403, "forbidden-path")) == [("/model", "forbidden_path")], how
+        files = c.get("/model-files", params={"refresh": "true"}).json()["files"]
+        assert [f["path"] for f in files] == [str(model)]  # not the symlink's target
+
+
+def test_an_unexpected_failure_is_an_internal_problem(setup):
+    """A dataset whose file vanished from the state directory behind the server's back."""
+    server, _, _, _ = setup
+    with server.client() as c:
+        r = c.post("/datasets", content="a dog\n", headers={"Content-Type": "text/plain"})
+        assert r.status_code in (200, 201), r.text
+        dataset = r.json()["id"]
+        (server.state / "datasets" / dataset / "data.txt").unlink()
+        doc = problem(c.get(f"/datasets/{dataset}/preview"), 500, "internal")
+        assert doc["errors"] == [] and "FileNotFoundError" in doc["detail"]
+        assert str(server.state) not in doc["detail"]  # paths redacted here
+        assert c.delete(f"/datasets/{dataset}").status_code == 204
