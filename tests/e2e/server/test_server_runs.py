@@ -211,9 +211,16 @@ def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, 
             c.post(f"/runs/{rid}/pause")
             events = server.events(rid)
             wait_for(events, "status", status="paused")
+            # a new rate (0.005 in the file), followed from here, kept across the restart
+            patched = c.patch(f"/runs/{rid}", json={"training": {"lr": 0.01}}).json()
+            assert patched["applied"] == ["training.lr"]
+            assert wait_for(events, "log")["patched"] == {"training": {"lr": 0.01}}
             c.post(f"/runs/{rid}/checkpoints")
             wait_for(events, "checkpoint")
         server.kill()  # a crash: no shutdown, the run's process loses its server
+        record = json.loads((server.state / rid / "run.json").read_text())
+        assert record["patched"] == {"training": {"lr": 0.01}}
+        assert record["effective_config"]["training"]["lr"] == 0.01
 
         server.start()
         with server.client() as c:
@@ -235,6 +242,7 @@ def test_killed_server_restarts_marks_the_run_interrupted_and_resumes_it(model, 
         assert step >= saved[0]  # its latest checkpoint (one written just before the kill counts)
         after = next(d for k, d in done[at:] if k == "progress")
         assert after["global_step"] == step + 1  # it went on from there, not from the start
+        assert after["learning_rate"] == 0.01  # at the patched rate from its first step
         assert (tmp_path / "state" / rid / "output" / "adapter.gguf").exists()
     finally:
         server.stop()
