@@ -129,3 +129,27 @@ gradient_accumulation = 2
 data = "{data}"
 {extra}
 """
+
+
+def grpo_document(model: Path, prompts: Path, grpo: dict, **sections) -> dict:
+    """A tiny GRPO run document (absolute paths): two prompts an update, two answers each, of
+    at most 4 tokens; `grpo` adds or replaces [grpo] keys (the reward among them: a catalogue
+    `reward = {"id": ...}` or a `reward_command`), `sections` whole sections."""
+    return {
+        "run": {"algorithm": "grpo"},
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
+        "grpo": {
+            "prompts": str(prompts),
+            "updates": 2,
+            "prompts_per_update": 2,
+            "group_size": 2,
+            "grpo_epochs": 1,
+            "clip_range_low": 0.2,
+            "clip_range_high": 0.28,
+            "kl_coefficient": 0.0,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 3},
+            **grpo,
+        },
+        **sections,
+    }

@@ -13,7 +13,7 @@ from tests.e2e.test_train_agent import JUDGE
 from tests.e2e.test_train_grpo import PROMPTS, REWARD
 from tests.factories.agents import CHAT_TEMPLATE
 from tests.factories.mcp_server import stdio_command
-from tests.factories.run_server import RunServer
+from tests.factories.run_server import RunServer, grpo_document
 from tests.factories.tiny_gguf import write_tiny
 
 
@@ -62,27 +62,13 @@ def test_grpo_with_a_catalogue_reward_and_judge_followed_to_its_end_and_evaluate
     server, model, tmp = served
     lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
     (tmp / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-    document = {
-        "run": {"algorithm": "grpo"},
-        "model": {"path": str(model), "device": "cpu"},
-        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
-        "training": {"lr": 0.02, "ctx": 64, "micro_batch": 64},
-        "grpo": {
-            "prompts": str(tmp / "prompts.jsonl"),
-            "reward": {"id": "letters"},
-            "judge": {"id": "letters-judge"},
-            "judge_weight": 0.5,
-            "updates": 2,
-            "prompts_per_update": 2,
-            "group_size": 2,
-            "grpo_epochs": 1,
-            "clip_range_low": 0.2,
-            "clip_range_high": 0.28,
-            "kl_coefficient": 0.0,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 6, "seed": 3},
-        },
-        "evaluation": {"data": str(tmp / "prompts.jsonl"), "every_iterations": 1000},
-    }
+    document = grpo_document(
+        model,
+        tmp / "prompts.jsonl",
+        {"reward": {"id": "letters"}, "judge": {"id": "letters-judge"}, "judge_weight": 0.5},
+        training={"lr": 0.02, "ctx": 64, "micro_batch": 64},
+        evaluation={"data": str(tmp / "prompts.jsonl"), "every_iterations": 1000},
+    )
     with server.client() as c:
         run = start(c, document)
         judge = run["effective_config"]["grpo"]["judge"]

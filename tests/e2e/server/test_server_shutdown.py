@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.server.test_server_runs import model, start_run, wait_for  # noqa: F401
-from tests.factories.run_server import RunServer, sft_toml
+from tests.factories.run_server import RunServer, grpo_document, sft_toml
 
 # a reward program that answers its first batch and never the second: the run's second
 # update does not reach its boundary
@@ -83,23 +83,8 @@ def test_a_second_ctrl_c_abandons_a_run_far_from_its_boundary(model, tmp_path): 
     catalogue = (
         f'[[reward]]\nid = "stalls"\ncommand = ["{sys.executable}", "{tmp_path / "reward.py"}"]\n'
     )
-    document = {
-        "run": {"algorithm": "grpo"},
-        "model": {"path": str(model), "device": "cpu"},
-        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
-        "grpo": {
-            "prompts": str(tmp_path / "prompts.jsonl"),
-            "reward": {"id": "stalls"},
-            "updates": 10,
-            "prompts_per_update": 1,
-            "group_size": 2,
-            "grpo_epochs": 1,
-            "clip_range_low": 0.2,
-            "clip_range_high": 0.28,
-            "kl_coefficient": 0.0,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 3},
-        },
-    }
+    prompts = tmp_path / "prompts.jsonl"
+    document = grpo_document(model, prompts, {"reward": {"id": "stalls"}, "updates": 10})
     server = RunServer(tmp_path / "state", toml=catalogue).start()
     with server.client() as c:
         r = c.post("/runs", json={"config": document})

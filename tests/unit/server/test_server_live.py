@@ -18,7 +18,7 @@ from retrograd.cli.train import LOOPS
 from retrograd.config import validate_run
 from retrograd.server.child import Channel, ServerSinks
 from tests.factories.agents import CHAT_TEMPLATE
-from tests.factories.run_server import TEXT
+from tests.factories.run_server import TEXT, grpo_document
 from tests.factories.tiny_gguf import write_tiny
 
 
@@ -114,26 +114,14 @@ def test_grpo_answers_evaluate_with_held_out_rewards_and_follows_a_patched_rate(
     prompts = ["say something", "spell a word", "name a thing"]
     lines = [json.dumps({"messages": [{"role": "user", "content": p}]}) for p in prompts]
     (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-    document = {
-        "run": {"algorithm": "grpo"},
-        "model": {"path": str(model), "device": "cpu"},
-        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
-        "training": {"lr": 0.01, "lr_scheduler": "constant", "warmup_steps": 0},
-        "grpo": {
-            "prompts": "prompts.jsonl",
-            "reward_command": [sys.executable, str(tmp_path / "reward.py")],
-            "updates": 2,
-            "prompts_per_update": 2,
-            "group_size": 2,
-            "grpo_epochs": 1,
-            "clip_range_low": 0.2,
-            "clip_range_high": 0.28,
-            "kl_coefficient": 0.0,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 3},
-        },
-        "evaluation": {"data": "prompts.jsonl", "every_iterations": 1000},
-        "output": {"path": str(tmp_path / "out.gguf")},
-    }
+    document = grpo_document(
+        model,
+        tmp_path / "prompts.jsonl",
+        {"reward_command": [sys.executable, str(tmp_path / "reward.py")], "prompts_per_update": 2},
+        training={"lr": 0.01, "lr_scheduler": "constant", "warmup_steps": 0},
+        evaluation={"data": "prompts.jsonl", "every_iterations": 1000},
+        output={"path": str(tmp_path / "out.gguf")},
+    )
     commands = [
         {"op": "evaluate", "request_id": "e", "request": {}},
         {"op": "patch", "request_id": "p", "request": {"training": {"lr": 0.03}}},
