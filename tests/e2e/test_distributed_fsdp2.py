@@ -1,14 +1,26 @@
 """`retrograd train` with [training].parallel = "fsdp2" on 2 gloo ranks: the blocks' GGUF bytes
 sharded (model/fsdp2.py), the adapter equal to one process with gradient accumulation 2 at the
-reference defaults; a rollout loop, whose ranks do not run in step, refused by name."""
+reference defaults; a kill -9 of every rank inside a window, then a resume to the same adapter."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import psutil
 import pytest
 
-from tests.e2e.test_distributed import assert_same_adapter, launch, runs, train
+from tests.e2e.test_distributed import (
+    LAUNCH_TIMEOUT,
+    assert_same_adapter,
+    launch,
+    runs,
+    start,
+    train,
+)
 
 DEFAULTS = {"ctx": 128, "micro_batch": 32, "gradient_accumulation": 2, "optimizer": "sgd"}
+FSDP2 = 'parallel = "fsdp2"\ndist_timeout_seconds = 120\n'
 
 
 @pytest.mark.slow
@@ -19,7 +31,7 @@ def test_fsdp2_trains_the_adapter_of_one_process(tiny_model, tmp_path):
     two.write_text(
         two.read_text()
         .replace("[run]\n", "[run]\nverbose = true\n")
-        .replace("[training]\n", '[training]\nparallel = "fsdp2"\ndist_timeout_seconds = 120\n')
+        .replace("[training]\n", f"[training]\n{FSDP2}")
     )
     done = launch(train(one, ranks=1), one.parent)
     assert done.returncode == 0, done.stderr
@@ -27,3 +39,40 @@ def test_fsdp2_trains_the_adapter_of_one_process(tiny_model, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fsdp2: 3 blocks sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_adapter(one.parent / "out/adapter.gguf", two.parent / "out/adapter.gguf")
+
+
+def kill_every_rank(proc, path: Path) -> None:
+    """SIGKILL of the launcher and every rank once `path` (a checkpoint) has landed. NOTE:
+    torchrun starts each rank in a session of its own, so killing the launcher's process group
+    leaves the ranks running; each is killed by pid."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while not (path / "manifest.msgpack").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.02)
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        p.kill()
+    proc.wait(timeout=30)
+    psutil.wait_procs(tree, timeout=30)
+
+
+@pytest.mark.slow
+def test_fsdp2_resumes_after_every_rank_is_killed(tiny_model, tmp_path):
+    """A kill -9 of both ranks inside a window (step 3: ctx 128 is two steps of two passes),
+    then --resume: the adapter of the uninterrupted fsdp2 run."""
+    model = tiny_model("gemma3", "MOSTLY_Q4_K_M")
+    ck = 'directory = "ck"\nmode = "steps"\nevery_steps = 3'
+    training = {**DEFAULTS, "optimizer": "adamw", "epochs": 3}
+    whole, cut = runs(tmp_path, model, ("whole", "cut"), training=training, checkpoint=ck)
+    for run in (whole, cut):
+        run.write_text(run.read_text().replace("[training]\n", f"[training]\n{FSDP2}"))
+    done = launch(train(whole), whole.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kill_every_rank(start(train(cut), cut.parent), cut.parent / "ck" / "step-000000000003.state")
+    assert not (cut.parent / "out/adapter.gguf").exists()
+    resumed = launch(train(cut, "--resume"), cut.parent)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "at step 3" in resumed.stdout
+    assert_same_adapter(
+        whole.parent / "out/adapter.gguf", cut.parent / "out/adapter.gguf", atol=1e-7
+    )
