@@ -319,7 +319,9 @@ def _evaluate(
 ) -> None:
     t0 = time.perf_counter()
     t = cfg.training
-    mine = distributed.share(len(held.examples))  # each rank its block of the held-out set
+    # each rank its block of the held-out set; under fsdp2 all of it (passes are collectives)
+    sharded = model.decoder.sharded
+    mine = range(len(held.examples)) if sharded else distributed.share(len(held.examples))
     loss, count = sft_loss(
         model.decoder,
         dataclasses.replace(held, examples=tuple(held.examples[k] for k in mine)),
@@ -327,7 +329,7 @@ def _evaluate(
         chunked=t.chunked_cross_entropy,
         tiles=t.chunked_ce_tiles,
     )
-    if distributed.world().active:
+    if distributed.world().active and not sharded:
         total, count = distributed.all_reduce_sum([loss * count if count else 0.0, count])
         loss = total / count if count else float("nan")
     log.info(
