@@ -257,6 +257,12 @@ def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
     """The world's handle on the trained tensors: Replicas for none and ddp; fsdp2 hands the
     model to the model layer's sharding, which returns an object with the same sum_step."""
     w = w or _WORLD
+    found = launched()
+    if found is not None and found[1] > 1 and not w.active:
+        raise ConfigError(
+            f"torchrun started {found[1]} ranks but this process has not joined them: call "
+            "retrograd.distributed.init_world(cfg) before the loop (docs/distributed.md)"
+        )
     if w.parallel == "fsdp2" and w.active:
         try:
             from retrograd.model import fsdp2

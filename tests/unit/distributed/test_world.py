@@ -138,3 +138,10 @@ def test_buckets_hold_one_dtype_within_the_byte_limit(monkeypatch):
     ps = [torch.zeros(8), torch.zeros(8), torch.zeros(4, dtype=torch.float64), torch.zeros(40)]
     sizes = [[p.numel() for p in b] for b in _buckets(ps)]
     assert sizes == [[8, 8], [4], [40]]  # 32 + 32 bytes; a new dtype; one alone past the limit
+
+
+def test_a_loop_under_torchrun_without_the_world_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="torchrun started 2 ranks but this process has not"):
+        distributed.wrap_trainable(None, None, None, World())
