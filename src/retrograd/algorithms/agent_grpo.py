@@ -20,7 +20,12 @@ The variant (formats.md §4.4; the GRPO loop's docstring says the shared parts):
   follow the lengths sampled (re-tune the learning rate when the limits change);
 - every random choice is a pure function of agent.seed and the update: scenario order a
   permutation per pass, trajectory j of the scenario drawn at cursor c in update u sampled from
-  derive_seed(agent.seed, "sample", u, c, j); resume needs the update and the cursor.
+  derive_seed(agent.seed, "sample", u, c, j); resume needs the update and the cursor;
+- under torchrun each rank rolls out and scores a block of the update's scenarios (its own
+  environment episodes and judge requests); every rank holds all the groups (drops,
+  advantages and metrics as one process), back-propagates its own trajectories, and the
+  ranks' gradients are summed before each step (rollout/spread.py). The judge's own counters
+  and the environment's metrics are rank 0's.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.optim import lr_at
+from retrograd.rollout import spread
 from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
 from retrograd.rollout.agent_scores import (
     USABLE,
@@ -53,6 +59,7 @@ from retrograd.rollout.agent_scores import (
     group_records,
     score_groups,
 )
+from retrograd.rollout.backend import InProcessBackend
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import held_out
@@ -173,10 +180,11 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
     )
     rate, steps = tr.rate, total_steps(cfg)
     reference = context.reference(cfg, model, adapters)
-    sampler = _sampler(cfg, model)
+    backend = InProcessBackend(_sampler(cfg, model))
+    ranks = spread.current_world()
     limits = Limits.of(a, training.ctx)
     roller = AgentRoller(
-        sampler,
+        backend,
         chat,
         limits,
         environment=world.environment,
@@ -221,14 +229,17 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
     result = AgentResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = rollout_run.open_observe(cfg, "agent_grpo", settings, pos.update, found, sinks)
+    observe = rollout_run.open_observe(cfg, "agent_grpo", settings, pos.update, found, sinks, ranks)
     try:
         # 3. updates
         for update in range(pos.update + 1, a.updates + 1):
             t0 = time.perf_counter()
             batch = stream.draw(pos.cursor, a.scenarios_per_update)
             cursor = pos.cursor + len(batch)
-            groups, samples, values = _roll_andscore_groups(cfg, roller, world, batch, update)
+            groups, samples, values = _roll_andscore_groups(
+                cfg, roller, world, batch, update, ranks
+            )
+            lo, hi = spread.block(len(groups), ranks)  # this rank's groups
             values.update(drop_and_advantage(cfg, groups, update))
             trained = [r for grp in groups for r in grp.members if r.eligible]
             usable = sum(1 for grp in groups for r in grp.members if r.skip_reason in USABLE)
@@ -249,11 +260,12 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
                 result.skipped += 1
             elif not trained:  # usable, but every group scored alike: nothing to learn
                 result.no_signal += 1
+            own = [r for grp in groups[lo:hi] for r in grp.members if r.eligible]  # this rank's
             if trained:
                 t1 = time.perf_counter()
                 if a.kl_coefficient > 0:
-                    refs = frozen_logprobs(reference, model.decoder, trained, training)
-                    for r, lp in zip(trained, refs, strict=True):
+                    refs = frozen_logprobs(reference, model.decoder, own, training)
+                    for r, lp in zip(own, refs, strict=True):
                         r.ref_logprobs = lp
                 values[names.SCORING_SECONDS] = time.perf_counter() - t1
                 t1 = time.perf_counter()
@@ -261,7 +273,8 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
                     lr = lr_at(
                         pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                     )
-                    out = _epoch(cfg, model.decoder, trained, limits.loss_budget)
+                    out = _epoch(cfg, model.decoder, own, trained, limits.loss_budget, ranks)
+                    spread.sum_gradients(params, ranks)
                     checked_step(
                         params,
                         optimizer,
@@ -271,6 +284,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
                         f"update {update}",
                     )
                     pos.global_step += 1
+                    backend.policy_changed(pos.global_step)
                     values.update(out)
                     values[names.LEARNING_RATE] = lr
                 values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
@@ -366,19 +380,29 @@ def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]
     return out
 
 
-def _roll_andscore_groups(cfg, roller, world, batch, update):
+def _roll_andscore_groups(cfg, roller, world, batch, update, ranks):
+    """The update's groups and trajectories and their metrics: each rank rolls out and scores
+    a block of the scenarios; every rank gets all the groups (the trajectories ride in their
+    records). Timings, the judge's counters and the environment's metrics are this rank's."""
     a = cfg.agent
     t0 = time.perf_counter()
     gen0, tool0 = roller.generation_seconds, roller.tool_seconds
     pre0, reuse0 = roller.decoder.prefilled, roller.decoder.reused
-    wanted = [(s, _seeds(cfg, update, c, a.group_size)) for c, s in batch]
-    rolled = roll_waves(cfg, roller, wanted)
-    rollout_seconds = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    judged = score_groups(cfg, world, rolled, update)
-    judge_seconds = time.perf_counter() - t1
-    groups = [group_records(samples, update, g) for g, samples in enumerate(rolled)]
-    samples = [s for grp in rolled for s in grp]
+    judged: dict = {}
+    judge_seconds = 0.0
+
+    def roll(part, lo):
+        nonlocal judge_seconds
+        wanted = [(s, _seeds(cfg, update, c, a.group_size)) for c, s in part]
+        rolled = roll_waves(cfg, roller, wanted) if wanted else []
+        t1 = time.perf_counter()
+        judged.update(score_groups(cfg, world, rolled, update, first=lo))
+        judge_seconds = time.perf_counter() - t1
+        return [group_records(samples, update, lo + g) for g, samples in enumerate(rolled)]
+
+    groups = spread.spread(batch, roll, ranks)
+    rollout_seconds = time.perf_counter() - t0 - judge_seconds
+    samples = [r.extra["sample"] for grp in groups for r in grp.members]
     prefilled = roller.decoder.prefilled - pre0
     reused = roller.decoder.reused - reuse0
     values = agent_metrics(samples)
@@ -402,16 +426,19 @@ def _roll_andscore_groups(cfg, roller, world, batch, update):
 # -- the update --------------------------------------------------------------------------------
 
 
-def _epoch(cfg, decoder, trained: list[Rollout], budget: int) -> dict[str, float]:
-    """One pass over the update's trajectories; the first stores the old log-probabilities
-    (ratios exactly 1). Token sums are divided by budget x trajectories."""
+def _epoch(
+    cfg, decoder, own: list[Rollout], trained: list[Rollout], budget: int, ranks
+) -> dict[str, float]:
+    """One pass over this rank's trajectories (`own`, of the update's `trained`); the first
+    stores the old log-probabilities (ratios exactly 1). Token sums are divided by budget x
+    the update's trajectories; the terms are summed over the ranks."""
     a, training = cfg.agent, cfg.training
     normalizer = float(budget * len(trained))
     policy_tokens = float(sum(r.token_mask.sum() for r in trained))
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0, "gap": 0.0}
-    for piece in pieces(trained, training.micro_batch, fanout(training)):
-        lps = score(decoder, trained, piece, training)
-        batch = [trained[i] for i in piece.members]
+    for piece in pieces(own, training.micro_batch, fanout(training)):
+        lps = score(decoder, own, piece, training)
+        batch = [own[i] for i in piece.members]
         for r, lp in zip(batch, lps, strict=True):
             if r.old_logprobs is None:
                 r.old_logprobs = lp.detach().numpy().astype(np.float32)
@@ -451,6 +478,7 @@ def _epoch(cfg, decoder, trained: list[Rollout], budget: int) -> dict[str, float
         sums["surrogate"] += float(out.surrogate.detach())
         sums["kl"] += float(out.kl.detach())
         sums["clipped"] += float(out.clip_fraction) * float(mask.sum()) / max(policy_tokens, 1.0)
+    sums = spread.total(sums, ranks)
     return {
         names.TOTAL_LOSS: sums["loss"],
         names.TRAIN_LOSS: sums["loss"],
@@ -477,10 +505,16 @@ def _evaluate(cfg, roller, held_file, pos, patience, result, sinks) -> bool:
 
 
 def _held_rewards(cfg, roller, held_file) -> list[float]:
-    """One trajectory per held-out scenario, seeds fixed for the run: their rewards."""
+    """One trajectory per held-out scenario, seeds fixed for the run: their rewards, each
+    rank rolling out a block of the scenarios."""
     scenarios = held_out(list(held_file.scenarios), cfg.evaluation.max_examples)
-    wanted = [(s, [derive_seed(cfg.agent.seed, EVALUATE, 0, i)]) for i, s in enumerate(scenarios)]
-    return [(s.traj.reward or 0.0) for [s] in roll_waves(cfg, roller, wanted)]
+
+    def roll(part, lo):
+        seeds = [derive_seed(cfg.agent.seed, EVALUATE, 0, lo + i) for i in range(len(part))]
+        wanted = [(s, [seed]) for s, seed in zip(part, seeds, strict=True)]
+        return [(s.traj.reward or 0.0) for [s] in roll_waves(cfg, roller, wanted)] if part else []
+
+    return spread.spread(scenarios, roll, spread.current_world())
 
 
 def _measure(cfg, roller, held_file) -> dict | None:

@@ -143,7 +143,9 @@ def check_rollout_keys(training, algorithm: str) -> None:
     honour yet, refused before anything loads, naming the key (docs/configuration.md, "At run
     time")."""
     from retrograd.errors import ConfigError
+    from retrograd.rollout.spread import check_world, current_world
 
+    check_world(current_world(), algorithm)
     if training.shared_prefix_fanout not in ("auto", "off"):
         raise ConfigError(
             f"[training].shared_prefix_fanout = {training.shared_prefix_fanout!r}: not "

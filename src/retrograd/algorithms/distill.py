@@ -17,7 +17,11 @@ term)  6. distill_epochs optimizer passes  7. report, evaluate, checkpoint. The 
 - the teacher is loaded once beside the student, frozen, its weights dequantized on use as the
   base model's are; it must use the student's tokenizer (checked before training);
 - every random choice is a pure function of the seeds and the update (as GRPO): resume needs
-  the update, the prompt cursor and the step.
+  the update, the prompt cursor and the step;
+- under torchrun each rank samples a block of the update's prompts, every rank holds all the
+  answers, and each scores (teacher, reference) and back-propagates its own; the ranks'
+  gradients are summed before each step and the teacher metrics gathered
+  (rollout/spread.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +45,8 @@ from retrograd.losses.distill import reverse_kl_advantages
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.optim import lr_at
+from retrograd.rollout import spread
+from retrograd.rollout.backend import in_process
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
@@ -117,7 +124,8 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     )
     rate, steps = tr.rate, d.updates * d.distill_epochs
     reference = context.reference(cfg, model, adapters) if d.kl_coefficient > 0 else None
-    sampler = context.sampler(model, training, _concurrency(cfg))
+    backend = in_process(model, training, _concurrency(cfg))
+    world = spread.current_world()
     stream = PromptStream(prompts, d.prompt_order, d.sampling.seed)
     settings = {
         "distill": d.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
@@ -158,15 +166,9 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     # 3. updates
     for update in range(pos.update + 1, d.updates + 1):
         t0 = time.perf_counter()
-        groups = sample_groups(
-            sampler,
-            stream.draw(pos.cursor, d.prompts_per_update),
-            update,
-            0,
-            size=d.samples_per_prompt,
-            sampling=d.sampling,
-            concurrency=_concurrency(cfg),
-        )
+        batch = stream.draw(pos.cursor, d.prompts_per_update)
+        groups = spread.spread(batch, partial(_sample, cfg, backend, update=update), world)
+        lo, hi = spread.block(len(groups), world)  # this rank's groups
         cursor = pos.cursor + d.prompts_per_update
         answers = [r for grp in groups for r in grp.members]
         if d.mask_truncated:
@@ -174,17 +176,18 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
                 if r.truncated:
                     r.skip_reason = "truncated"
         trained = [r for r in answers if r.eligible]
+        own = [r for grp in groups[lo:hi] for r in grp.members if r.eligible]
         values = _answer_metrics(answers)
         values[names.GENERATION_SECONDS] = time.perf_counter() - t0
         before = pos.global_step
         if trained:
             t1 = time.perf_counter()
-            lps = frozen_logprobs(teacher_of, model.decoder, trained, training)
-            for r, lp in zip(trained, lps, strict=True):
+            lps = frozen_logprobs(teacher_of, model.decoder, own, training)
+            for r, lp in zip(own, lps, strict=True):
                 r.teacher_logprobs = lp
             if reference is not None:
-                refs = frozen_logprobs(reference, model.decoder, trained, training)
-                for r, lp in zip(trained, refs, strict=True):
+                refs = frozen_logprobs(reference, model.decoder, own, training)
+                for r, lp in zip(own, refs, strict=True):
                     r.ref_logprobs = lp
             values[names.SCORING_SECONDS] = time.perf_counter() - t1
             t1 = time.perf_counter()
@@ -192,7 +195,8 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
                 lr = lr_at(
                     pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                 )
-                out = _epoch(cfg, model.decoder, trained)
+                out = _epoch(cfg, model.decoder, own, trained, world)
+                spread.sum_gradients(params, world)
                 checked_step(
                     params,
                     optimizer,
@@ -202,10 +206,12 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
                     f"update {update}",
                 )
                 pos.global_step += 1
+                backend.policy_changed(pos.global_step)
                 values.update(out)
                 values[names.LEARNING_RATE] = lr
             values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
-            values.update(_teacher_metrics(trained, d.weight_clip))
+            pairs = spread.everyone([(r.old_logprobs, r.teacher_logprobs) for r in own], world)
+            values.update(_teacher_metrics(pairs, d.weight_clip))
         for r in answers:
             r.trained = r.eligible and bool(trained)
         pos = Position(update, cursor, pos.global_step)
@@ -215,13 +221,13 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
             pos.global_step, epoch, values, tokens, time.perf_counter() - t0, position=update
         )
         cfg, rate = persist.boundary(
-            sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, sampler, model, teacher, held)
+            sinks, cfg, patience, lambda cfg=cfg: _measure(cfg, backend, model, teacher, held)
         )
         if names.DISTILL_TEACHER_KL_MEAN in values:
             result.teacher_kl.append(values[names.DISTILL_TEACHER_KL_MEAN])
         log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
         if held is not None and _evaluate_now(cfg, update):
-            improved = _evaluate(cfg, sampler, model, teacher, held, pos, patience, result, sinks)
+            improved = _evaluate(cfg, backend, model, teacher, held, pos, patience, result, sinks)
             if improved:
                 persist.save_best(
                     cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks
@@ -277,17 +283,33 @@ def _concurrency(cfg) -> int:
 # -- the update ----------------------------------------------------------------------------
 
 
-def _epoch(cfg, decoder, trained: list[Rollout]) -> dict[str, float]:
-    """One pass over the update's answers: forward, loss and backward per pass of answers,
-    gradients summed (the loss is normalised by the update's trained tokens). The first pass
-    stores the old log-probabilities it computes and the advantages they give."""
+def _sample(cfg, backend, part, lo: int, *, update: int) -> list:
+    """This rank's block of the update's (cursor, prompt) pairs: samples_per_prompt answers
+    each, its groups numbered from `lo`."""
+    d = cfg.distill
+    return sample_groups(
+        backend,
+        part,
+        update,
+        lo,
+        size=d.samples_per_prompt,
+        sampling=d.sampling,
+        concurrency=_concurrency(cfg),
+    )
+
+
+def _epoch(cfg, decoder, own: list[Rollout], trained: list[Rollout], world) -> dict[str, float]:
+    """One pass over this rank's answers (`own`, of the update's `trained`): forward, loss and
+    backward per pass of answers, gradients summed (the loss is normalised by the update's
+    trained tokens), the terms summed over the ranks. The first pass stores the old
+    log-probabilities it computes and the advantages they give."""
     d, training = cfg.distill, cfg.training
     total_tokens = float(sum(r.n_tokens for r in trained))
     coef = d.kl_coefficient
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0}
-    for piece in pieces(trained, training.micro_batch, fanout(training)):
-        lps = score(decoder, trained, piece, training)
-        batch = [trained[i] for i in piece.members]
+    for piece in pieces(own, training.micro_batch, fanout(training)):
+        lps = score(decoder, own, piece, training)
+        batch = [own[i] for i in piece.members]
         width = max(len(lp) for lp in lps)
         mask = padded([np.ones(len(lp), np.float32) for lp in lps], width)
         for r, lp in zip(batch, lps, strict=True):
@@ -317,6 +339,7 @@ def _epoch(cfg, decoder, trained: list[Rollout]) -> dict[str, float]:
         sums["surrogate"] += float(out.surrogate.detach())
         sums["kl"] += float(out.kl.detach())
         sums["clipped"] += float(out.clip_fraction) * float(mask.sum()) / total_tokens
+    sums = spread.total(sums, world)
     values = {
         names.TOTAL_LOSS: sums["loss"],
         names.TRAIN_LOSS: sums["loss"],
@@ -344,10 +367,9 @@ def teacher_kl(
     return (float(tokens.mean()) if len(tokens) else 0.0), per_answer, tokens
 
 
-def _teacher_metrics(trained: list[Rollout], weight_clip: float) -> dict[str, float]:
-    mean, per_answer, k = teacher_kl(
-        [r.old_logprobs for r in trained], [r.teacher_logprobs for r in trained]
-    )
+def _teacher_metrics(pairs: list[tuple], weight_clip: float) -> dict[str, float]:
+    """From the trained answers' (student, teacher) log-probabilities, in the update's order."""
+    mean, per_answer, k = teacher_kl([s for s, _ in pairs], [t for _, t in pairs])
     return {
         names.DISTILL_TEACHER_KL_MEAN: mean,
         names.DISTILL_TEACHER_KL_P95: float(np.percentile(per_answer, 95)),
@@ -380,36 +402,53 @@ def _evaluate_now(cfg, update: int) -> bool:
     return update % cfg.evaluation.every_iterations == 0 or update == cfg.distill.updates
 
 
-def held_out_kl(cfg, sampler, model, teacher, prompts) -> tuple[float, list[Rollout]]:
+def held_out_kl(cfg, backend, model, teacher, prompts) -> tuple[float, list[Rollout]]:
     """The student's mean teacher KL on one answer per prompt, sampled with seeds fixed for
     the run (the same adapter scores the same): k averaged over all the answers' tokens."""
+    ks, answers = held_out_ks(cfg, backend, model, teacher, prompts)
+    mean, _, _ = teacher_kl(ks, [np.zeros_like(k) for k in ks])
+    return mean, answers
+
+
+def held_out_ks(cfg, backend, model, teacher, prompts, first: int = 0):
+    """One answer per prompt (prompt i of the held-out ones, `first` the index of the first
+    here, sampled from its seed) and every answer's per-token k = student − teacher. ->
+    (ks, answers)."""
     d = cfg.distill
     params = SamplingParams(d.sampling.temperature, d.sampling.top_p, d.sampling.max_new_tokens)
-    seeds = [derive_seed(d.sampling.seed, EVALUATE, 0, i) for i in range(len(prompts))]
+    seeds = [derive_seed(d.sampling.seed, EVALUATE, 0, first + i) for i in range(len(prompts))]
     requests = [
         SampleRequest(p.ids, params, seeds=(s,)) for p, s in zip(prompts, seeds, strict=True)
     ]
     answers = [
         Rollout(p, 0, i, 0, s, a.ids, a.text, False, np.asarray(a.logprobs, np.float32))
         for i, (p, s, [a]) in enumerate(
-            zip(prompts, seeds, sampler.generate(requests), strict=True)
+            zip(prompts, seeds, backend.generate(requests) if requests else [], strict=True)
         )
     ]
     scored = [r for r in answers if r.n_tokens]
-    if not scored:
-        return 0.0, answers
     student = frozen_logprobs(lambda: nullcontext(None), model.decoder, scored, cfg.training)
     teach = frozen_logprobs(
         lambda: nullcontext(teacher.decoder), model.decoder, scored, cfg.training
     )
-    mean, _, _ = teacher_kl(student, teach)
-    return mean, answers
+    _, _, k = teacher_kl(student, teach)
+    ks, at = [], 0
+    for r in answers:  # each answer's slice of the tokens' k (none for an empty answer)
+        ks.append(k[at : at + r.n_tokens])
+        at += r.n_tokens
+    return ks, answers
 
 
-def _evaluate(cfg, sampler, model, teacher, held, pos, patience, result, sinks) -> bool:
+def _evaluate(cfg, backend, model, teacher, held, pos, patience, result, sinks) -> bool:
     t0 = time.perf_counter()
     prompts = held_out(held, cfg.evaluation.max_examples)
-    kl, _ = held_out_kl(cfg, sampler, model, teacher, prompts)
+    world = spread.current_world()
+    ks = spread.spread(
+        prompts,
+        lambda part, lo: held_out_ks(cfg, backend, model, teacher, part, lo)[0],
+        world,
+    )
+    kl, _, _ = teacher_kl(ks, [np.zeros_like(k) for k in ks])
     improved = patience.update(kl)
     result.evals.append((pos.update, kl))
     log.info(

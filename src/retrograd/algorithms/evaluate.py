@@ -190,11 +190,15 @@ def reward_summary(rewards: list[float]) -> dict[str, float]:
 EVALUATE = "evaluate"  # the seed purpose of held-out answers (seeds.derive_seed)
 
 
-def held_out_rewards(sampler, program, prompts, sampling, temperature=None, top_p=None):
-    """A rollout loop's held-out rewards (GRPO, PPO, `bench`): one answer per prompt, with
+def held_out_rewards(
+    backend, program, prompts, sampling, temperature=None, top_p=None, first: int = 0
+):
+    """A rollout loop's held-out rewards (GRPO, PPO, `bench`): one answer per prompt from the
+    rollout backend (or a Sampler: the same `generate`), with
     seeds fixed for the run (the same adapter scores the same), through the reward program
     without a judge. `sampling` is a [grpo.sampling]-shaped section; temperature and top_p
-    default to its own. -> (rewards, answers)."""
+    default to its own; `first` is the index of the first prompt among the held-out ones (a
+    rank's block of them: prompt i is sampled from the seed of index i). -> (rewards, answers)."""
     from retrograd.rewards.program import RewardRequest
     from retrograd.sampling.params import SampleRequest, SamplingParams
     from retrograd.seeds import derive_seed
@@ -205,14 +209,25 @@ def held_out_rewards(sampler, program, prompts, sampling, temperature=None, top_
         sampling.max_new_tokens,
     )
     requests = [
-        SampleRequest(p.ids, params, seeds=(derive_seed(sampling.seed, EVALUATE, 0, i),))
+        SampleRequest(p.ids, params, seeds=(derive_seed(sampling.seed, EVALUATE, 0, first + i),))
         for i, p in enumerate(prompts)
     ]
-    answers = [a for [a] in sampler.generate(requests)]
+    answers = [a for [a] in backend.generate(requests)]
     replies = program.score(
         [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
     )
     return [r.reward for r in replies], answers
+
+
+def spread_rewards(backend, program, prompts, sampling, world) -> list[float]:
+    """held_out_rewards of every prompt, each rank answering and rewarding its block of them
+    (rollout/spread.py); every rank gets all the rewards in order."""
+    from retrograd.rollout.spread import spread
+
+    def mine(part, lo):
+        return held_out_rewards(backend, program, part, sampling, first=lo)[0] if part else []
+
+    return spread(prompts, mine, world)
 
 
 def first_last(values: list[float]) -> str:

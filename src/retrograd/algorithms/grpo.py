@@ -20,7 +20,11 @@ evaluate, checkpoint. The variant (rollout/shaping.py, losses/policy.py say the 
 - every random choice is a pure function of the run's seeds and the update: answer seeds from
   seeds.derive_seed([grpo.sampling].seed, "sample", update, prompt cursor, member), the prompt
   order a permutation per pass over the file; resume needs the update, the prompt cursor, the
-  stall counter and the KL controller, all in the checkpoint.
+  stall counter and the KL controller, all in the checkpoint;
+- under torchrun each rank samples and rewards a block of each round's prompts, every rank
+  then holds the whole update's groups (advantages, metrics and decisions as one process),
+  scores and back-propagates its own answers, and the ranks' gradients are summed before the
+  step (rollout/spread.py); rank 0 alone reports and observes.
 """
 
 from __future__ import annotations
@@ -34,11 +38,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, persist, rollout_run
-from retrograd.algorithms.evaluate import (
-    Patience,
-    held_out_rewards,
-    report_rewards,
-)
+from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -49,6 +49,7 @@ from retrograd.optim import lr_at
 from retrograd.rewards.judge import group_id, open_judge
 from retrograd.rewards.program import RewardRequest, reward_program
 from retrograd.rewards.ruler.prompt import Candidate
+from retrograd.rollout import spread
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Group, Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
@@ -127,7 +128,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
     check_available(cfg)
     b = rollout_run.build(cfg, g.prompts, "[grpo].prompts", sinks, run_file, concurrency(cfg))
     model, named, optimizer, plan, adapters = b.model, b.named, b.optimizer, b.plan, b.adapters
-    params, rate, steps, sampler, held = b.params, b.rate, total_steps(cfg), b.sampler, b.held
+    params, rate, steps, backend, held = b.params, b.rate, total_steps(cfg), b.backend, b.held
+    world = spread.current_world()
     reference = context.reference(cfg, model, adapters)
     stream = PromptStream(b.prompts, g.prompt_order, g.sampling.seed)
     settings = {
@@ -149,7 +151,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         kl.load_state_dict(pos.kl)
     rollout_run.start(sinks, cfg, b, g.updates, pos, found)
     result = GRPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = rollout_run.open_observe(cfg, "grpo", settings, pos.update, found, sinks)
+    observe = rollout_run.open_observe(cfg, "grpo", settings, pos.update, found, sinks, world)
     program = reward_program(g, "[grpo]")
     run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
     judge = open_judge(g.judge, "[grpo.judge]", run_dir) if g.judge is not None else None
@@ -157,12 +159,14 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         # 3. updates
         for update in range(pos.update + 1, g.updates + 1):
             t0 = time.perf_counter()
-            groups, cursor, timing = _sample_and_reward(
-                cfg, sampler, stream, program, judge, update, pos.cursor
+            groups, mine, cursor, timing = _sample_and_reward(
+                cfg, backend, stream, program, judge, update, pos.cursor, world
             )
             _check_judge_drops(cfg, groups, update)
             stats = assign_advantages(groups, g.baseline, g.mask_truncated)
             trained = [r for grp in groups for r in grp.members if r.eligible]
+            # this rank's answers: it scores and back-propagates these
+            own = [r for grp in groups if grp.index in mine for r in grp.members if r.eligible]
             if observe is not None:  # before training: `trained` comes with the outcome
                 observe.rollouts(update, groups)
             coef = kl.value(update)
@@ -175,8 +179,8 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             if trained:
                 t1 = time.perf_counter()
                 if coef > 0:
-                    refs = frozen_logprobs(reference, model.decoder, trained, training)
-                    for r, lp in zip(trained, refs, strict=True):
+                    refs = frozen_logprobs(reference, model.decoder, own, training)
+                    for r, lp in zip(own, refs, strict=True):
                         r.ref_logprobs = lp
                 values[names.SCORING_SECONDS] = time.perf_counter() - t1
                 t1 = time.perf_counter()
@@ -184,11 +188,13 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                     lr = lr_at(
                         pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                     )
-                    out = _epoch(cfg, model.decoder, trained, coef)
+                    out = _epoch(cfg, model.decoder, own, trained, coef, world)
+                    spread.sum_gradients(params, world)
                     where = f"update {update}"
                     loss = out[names.TOTAL_LOSS]
                     checked_step(params, optimizer, training.max_grad_norm, lr, loss, where)
                     pos.global_step += 1
+                    backend.policy_changed(pos.global_step)
                     values.update(out)
                     values[names.LEARNING_RATE] = lr
                 values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
@@ -213,13 +219,13 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
             seconds = time.perf_counter() - t0
             sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
             cfg, rate = persist.boundary(
-                sinks, cfg, patience, lambda c=cfg: rollout_run.measure(c, sampler, program, held)
+                sinks, cfg, patience, lambda c=cfg: rollout_run.measure(c, backend, program, held)
             )
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
             # evaluation, then the checkpoint that includes its patience
             if held is not None and _evaluate_now(cfg, update):
-                improved = _evaluate(cfg, sampler, program, held, pos, patience, result, sinks)
+                improved = _evaluate(cfg, backend, program, held, pos, patience, result, sinks)
                 if improved:
                     persist.save_best(
                         cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks
@@ -246,43 +252,53 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
 # -- sampling and rewards ------------------------------------------------------------------
 
 
-def _sample_and_reward(cfg, sampler, stream, program, judge, update: int, cursor: int):
-    """The update's groups, sampled and rewarded, and the prompt cursor after them. With
+def _sample_and_reward(cfg, backend, stream, program, judge, update: int, cursor: int, world):
+    """The update's groups, sampled and rewarded, the indices of those this rank sampled, and
+    the prompt cursor after them. Each rank samples and rewards a block of a round's prompts
+    (one batch of the reward program each), and every rank gets the round's groups. With
     dynamic sampling, groups without signal are replaced by fresh prompts' groups while the
-    prompt budget lasts; each sampling round is one batch of the reward program."""
+    prompt budget lasts."""
     g = cfg.grpo
     want = g.prompts_per_update
     budget = want * (g.dynamic_sampling.max_resample_factor if g.dynamic_sampling else 1)
     kept: list[Group] = []
     dropped: list[Group] = []
+    mine: set[int] = set()
     drawn = 0
     timing = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0, names.JUDGE_SECONDS: 0.0}
     while True:
         n = min(want - len(kept), budget - drawn) if g.dynamic_sampling else want
         batch = stream.draw(cursor, n)
         cursor, drawn = cursor + n, drawn + n
-        t0 = time.perf_counter()
-        groups = sample_groups(
-            sampler,
-            batch,
-            update,
-            len(kept) + len(dropped),
-            size=g.group_size,
-            sampling=g.sampling,
-            concurrency=concurrency(cfg),
-        )
-        t1 = time.perf_counter()
-        judging = _reward(cfg, program, judge, groups)
-        timing[names.GENERATION_SECONDS] += t1 - t0
-        timing[names.REWARD_SECONDS] += time.perf_counter() - t1 - judging
-        timing[names.JUDGE_SECONDS] += judging
+        first = len(kept) + len(dropped)
+
+        def roll(part, lo, first=first):
+            t0 = time.perf_counter()
+            groups = sample_groups(
+                backend,
+                part,
+                update,
+                first + lo,
+                size=g.group_size,
+                sampling=g.sampling,
+                concurrency=concurrency(cfg),
+            )
+            t1 = time.perf_counter()
+            judging = _reward(cfg, program, judge, groups) if groups else 0.0
+            timing[names.GENERATION_SECONDS] += t1 - t0
+            timing[names.REWARD_SECONDS] += time.perf_counter() - t1 - judging
+            timing[names.JUDGE_SECONDS] += judging
+            mine.update(grp.index for grp in groups)
+            return groups
+
+        groups = spread.spread(batch, roll, world)
         if not g.dynamic_sampling:
-            return groups, cursor, timing
+            return groups, mine, cursor, timing
         for grp in groups:
             (dropped if zero_signal(grp.rewards) else kept).append(grp)
         if len(kept) >= want or drawn >= budget:
             # what was not replaced stays in the update (and skips for want of signal)
-            return kept + dropped[: max(0, want - len(kept))], cursor, timing
+            return kept + dropped[: max(0, want - len(kept))], mine, cursor, timing
 
 
 def _reward(cfg, program, judge, groups: list[Group]) -> float:
@@ -360,17 +376,20 @@ def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:
 # -- scoring and the update ----------------------------------------------------------------
 
 
-def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, float]:
-    """One pass over the update's answers: forward, loss and backward per pass of answers,
-    gradients summed (the loss is normalised by the whole update's trained tokens). The
-    first pass stores the old log-probabilities it computes (ratios exactly 1)."""
+def _epoch(
+    cfg, decoder, own: list[Rollout], trained: list[Rollout], kl_coef: float, world
+) -> dict[str, float]:
+    """One pass over this rank's answers (`own`, of the update's `trained`): forward, loss and
+    backward per pass of answers, gradients summed (the loss is normalised by the whole
+    update's trained tokens); the terms are summed over the ranks. The first pass stores the
+    old log-probabilities it computes (ratios exactly 1)."""
     g, training = cfg.grpo, cfg.training
     total_tokens = float(sum(r.n_tokens for r in trained))
     by_answer = g.importance_sampling_level == "sequence"
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0, "gap": 0.0}
-    for piece in pieces(trained, training.micro_batch, fanout(training)):
-        lps = score(decoder, trained, piece, training)
-        batch = [trained[i] for i in piece.members]
+    for piece in pieces(own, training.micro_batch, fanout(training)):
+        lps = score(decoder, own, piece, training)
+        batch = [own[i] for i in piece.members]
         for r, lp in zip(batch, lps, strict=True):
             if r.old_logprobs is None:
                 r.old_logprobs = lp.detach().numpy().astype(np.float32)
@@ -400,6 +419,7 @@ def _epoch(cfg, decoder, trained: list[Rollout], kl_coef: float) -> dict[str, fl
         sums["kl"] += float(out.kl.detach())
         share = len(batch) / len(trained) if by_answer else float(mask.sum()) / total_tokens
         sums["clipped"] += float(out.clip_fraction) * share
+    sums = spread.total(sums, world)
     return {
         names.TOTAL_LOSS: sums["loss"],
         names.TRAIN_LOSS: sums["loss"],
@@ -446,9 +466,11 @@ def _evaluate_now(cfg, update: int) -> bool:
     return update % cfg.evaluation.every_iterations == 0 or update == cfg.grpo.updates
 
 
-def _evaluate(cfg, sampler, program, held, pos, patience, result, sinks) -> bool:
-    """Mean reward of one answer per held-out prompt (evaluate.held_out_rewards)."""
+def _evaluate(cfg, backend, program, held, pos, patience, result, sinks) -> bool:
+    """Mean reward of one answer per held-out prompt (evaluate.held_out_rewards), each rank
+    answering a block of them."""
     t0 = time.perf_counter()
     prompts = held_out(held, cfg.evaluation.max_examples)
-    rewards, _ = held_out_rewards(sampler, program, prompts, cfg.grpo.sampling)
+    world = spread.current_world()
+    rewards = spread_rewards(backend, program, prompts, cfg.grpo.sampling, world)
     return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)

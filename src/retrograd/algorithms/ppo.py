@@ -21,21 +21,27 @@ pass)  4. advantages  5. ppo_epochs optimizer passes  6. value_epochs passes of 
   shape what is sampled, the ratio compares the policy with itself before the update;
 - every random choice is a pure function of the run's seeds: prompts in file order, answer
   seeds derive_seed([ppo.sampling].seed, "sample", update, prompt cursor, 0); resume needs the
-  update, the cursor and the value head (weights and optimizer), all in the checkpoint.
+  update, the cursor and the value head (weights and optimizer), all in the checkpoint;
+- under torchrun each rank samples and rewards a block of the update's prompts and computes
+  its answers' features and values; every rank holds all the answers (advantages whitened
+  over all of them, as one process), back-propagates its own, and the ranks' gradients (the
+  policy's and the value head's) are summed before each step (rollout/spread.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from retrograd.algorithms import context, persist, rollout_run
-from retrograd.algorithms.evaluate import Patience, held_out_rewards, report_rewards
+from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -45,6 +51,7 @@ from retrograd.losses.value import gae, value_loss, whiten
 from retrograd.observe import names
 from retrograd.optim import lr_at
 from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rollout import spread
 from retrograd.rollout.passes import fanout, hidden_states, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
@@ -94,6 +101,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
     b = rollout_run.build(cfg, p.prompts, "[ppo].prompts", sinks, run_file, _concurrency(cfg))
     model, named, optimizer, plan = b.model, b.named, b.optimizer, b.plan
     steps = total_steps(cfg)
+    world = spread.current_world()
     critic = ValueHead(model.config.n_embd, p.critic.value_lr) if p.critic.enabled else None
     stream = PromptStream(b.prompts, "sequential", p.sampling.seed)
     settings = {
@@ -115,37 +123,27 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             critic.load_bytes(state.artifacts[VALUE_HEAD])
     rollout_run.start(sinks, cfg, b, p.updates, pos, found)
     result = PPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = rollout_run.open_observe(cfg, "ppo", settings, pos.update, found, sinks)
+    observe = rollout_run.open_observe(cfg, "ppo", settings, pos.update, found, sinks, world)
     program = reward_program(p, "[ppo]")
     try:
         # 3. updates
         for update in range(pos.update + 1, p.updates + 1):
             t0 = time.perf_counter()
-            # 3a. sample: one answer to each of the next rollout_batch_size prompts
+            # 3a-b. sample one answer to each of the next rollout_batch_size prompts and
+            # reward them in one batch of the reward program (formats.md §2.4), each rank
+            # its block of them; every rank gets all the answers
             batch = stream.draw(pos.cursor, p.rollout_batch_size)
-            groups = sample_groups(
-                b.sampler,
-                batch,
-                update,
-                0,
-                size=1,
-                sampling=p.sampling,
-                concurrency=_concurrency(cfg),
-            )
+            values = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0}
+            roll = partial(_sample_and_reward, cfg, b, program, update=update, timing=values)
+            groups = spread.spread(batch, roll, world)
             answers = [g.members[0] for g in groups]
-            t1 = time.perf_counter()
-            # 3b. rewards: one batch of the reward program (formats.md §2.4)
-            replies = program.score([RewardRequest(r.prompt.text, r.text) for r in answers])
-            for r, reply in zip(answers, replies, strict=True):
-                r.reward_raw = reply.reward
-            values = {
-                names.GENERATION_SECONDS: t1 - t0,
-                names.REWARD_SECONDS: time.perf_counter() - t1,
-            }
+            lo, hi = spread.block(len(answers), world)
+            own = answers[lo:hi]  # this rank's: it scores and back-propagates these
             # 3c-d. scores and advantages
             t1 = time.perf_counter()
-            features = _score_features(cfg, model.decoder, answers) if critic else None
-            returns = _advantages(cfg, answers, critic, features)
+            features = _score_features(cfg, model.decoder, own) if critic else None
+            old = _old_values(critic, features, world) if critic else None
+            returns = _advantages(cfg, answers, old)
             values[names.SCORING_SECONDS] = time.perf_counter() - t1
             signal = any(np.any(r.token_advantages != 0) for r in answers)
             for r in answers:
@@ -161,18 +159,22 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
                     lr = lr_at(
                         pos.global_step, steps, b.rate, training.lr_scheduler, training.warmup_steps
                     )
-                    out = _epoch(cfg, model.decoder, answers)
+                    out = _epoch(cfg, model.decoder, own, answers, world)
+                    spread.sum_gradients(b.params, world)
                     loss = out[names.TRAIN_LOSS]
                     checked_step(
                         b.params, optimizer, training.max_grad_norm, lr, loss, f"update {update}"
                     )
                     pos.global_step += 1
+                    b.backend.policy_changed(pos.global_step)
                     values.update(out)
                     values[names.LEARNING_RATE] = lr
             values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
             # 3f. the critic: value_epochs full-batch steps toward the returns
             if critic is not None:
-                values.update(_train_critic(cfg, critic, features, returns, update))
+                targets = returns[lo:hi]
+                total = sum(r.n_tokens for r in answers)
+                values.update(_train_critic(cfg, critic, features, targets, total, update, world))
             for r in answers:
                 r.trained = signal
             values[names.TRAINED_FRACTION] = float(signal)
@@ -190,7 +192,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
                 sinks,
                 cfg,
                 patience,
-                lambda c=cfg: rollout_run.measure(c, b.sampler, program, b.held),
+                lambda c=cfg: rollout_run.measure(c, b.backend, program, b.held),
             )
             result.rewards.append(values[names.REWARD_MEAN])
             log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
@@ -198,7 +200,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             if b.held is not None and _evaluate_now(cfg, update):
                 t1 = time.perf_counter()
                 picked = held_out(b.held, cfg.evaluation.max_examples)
-                rewards, _ = held_out_rewards(b.sampler, program, picked, p.sampling)
+                rewards = spread_rewards(b.backend, program, picked, p.sampling, world)
                 seconds = time.perf_counter() - t1
                 if report_rewards(rewards, pos, patience, result, sinks, seconds):
                     persist.save_best(
@@ -219,7 +221,26 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
     return rollout_run.finish(cfg, b, run_file, run, mark, patience, steps, result, started, sinks)
 
 
-# -- scores and advantages -----------------------------------------------------------------
+# -- sampling, scores and advantages -------------------------------------------------------
+
+
+def _sample_and_reward(cfg, b, program, part, lo: int, update: int, timing: dict) -> list:
+    """One answer to each (cursor, prompt) of this rank's block (groups of one, numbered from
+    `lo`), rewarded in one batch of the reward program; the seconds spent into `timing`."""
+    p = cfg.ppo
+    t0 = time.perf_counter()
+    groups = sample_groups(
+        b.backend, part, update, lo, size=1, sampling=p.sampling, concurrency=_concurrency(cfg)
+    )
+    answers = [g.members[0] for g in groups]
+    t1 = time.perf_counter()
+    if answers:
+        replies = program.score([RewardRequest(r.prompt.text, r.text) for r in answers])
+        for r, reply in zip(answers, replies, strict=True):
+            r.reward_raw = reply.reward
+    timing[names.GENERATION_SECONDS] += t1 - t0
+    timing[names.REWARD_SECONDS] += time.perf_counter() - t1
+    return groups
 
 
 def _score_features(cfg, decoder, answers: list[Rollout]) -> list[torch.Tensor]:
@@ -234,40 +255,47 @@ def _score_features(cfg, decoder, answers: list[Rollout]) -> list[torch.Tensor]:
     return out
 
 
-def _advantages(cfg, answers: list[Rollout], critic, features) -> torch.Tensor | None:
+def _old_values(critic: ValueHead, features, world) -> list[np.ndarray]:
+    """The head's values of every answer's tokens before it trains: each rank's answers from
+    its own features, gathered on every rank."""
+    with torch.no_grad():
+        mine = [critic(f).float().numpy() for f in features]
+    return spread.everyone(mine, world)
+
+
+def _advantages(cfg, answers: list[Rollout], old) -> torch.Tensor | None:
     """Per-token advantages into each answer's token_advantages (whitened over the update's
-    tokens) and its mean into `advantage`; -> the critic's targets, (B, T) padded, or None
-    without a critic."""
+    tokens) and its mean into `advantage`; `old`: the head's values of each answer's tokens
+    (None without a critic). -> the critic's targets, (B, T) padded, or None without one."""
     c = cfg.ppo.critic
     width = max(r.n_tokens for r in answers)
     mask = padded([np.ones(r.n_tokens, np.float32) for r in answers], width)  # (B, T)
     rewards = torch.zeros(len(answers), width, dtype=torch.float64)  # (B, T)
     for i, r in enumerate(answers):
         rewards[i, r.n_tokens - 1] = r.reward
-    if critic is None:  # the answer's reward on every token: GAE with V = 0, γ = λ = 1
+    if old is None:  # the answer's reward on every token: GAE with V = 0, γ = λ = 1
         adv, ret = gae(rewards, torch.zeros_like(rewards), mask, gamma=1.0, lam=1.0)
     else:
-        with torch.no_grad():
-            old = [critic(f) for f in features]
-        v = padded([x.numpy() for x in old], width)  # (B, T)
+        v = padded(old, width)  # (B, T)
         adv, ret = gae(rewards, v, mask, gamma=c.gamma, lam=c.gae_lambda)
     adv = whiten(adv, mask)  # (B, T)
     for i, r in enumerate(answers):
         r.token_advantages = adv[i, : r.n_tokens].numpy().astype(np.float32)
         r.advantage = float(r.token_advantages.mean())
-    return ret if critic is not None else None
+    return ret if old is not None else None
 
 
-def _epoch(cfg, decoder, answers: list[Rollout]) -> dict[str, float]:
-    """One pass over the update's answers: forward, loss and backward per piece, gradients
-    summed (every term is normalised by the update's tokens). The first pass stores the old
-    log-probabilities it computes (its ratios are exactly 1)."""
+def _epoch(cfg, decoder, own: list[Rollout], answers: list[Rollout], world) -> dict[str, float]:
+    """One pass over this rank's answers (`own`, of the update's `answers`): forward, loss and
+    backward per piece, gradients summed (every term is normalised by the update's tokens),
+    the terms summed over the ranks. The first pass stores the old log-probabilities it
+    computes (its ratios are exactly 1)."""
     p, training = cfg.ppo, cfg.training
     total = float(sum(r.n_tokens for r in answers))
     sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0}
-    for piece in pieces(answers, training.micro_batch, fanout(training)):
-        lps = score(decoder, answers, piece, training)
-        batch = [answers[i] for i in piece.members]
+    for piece in pieces(own, training.micro_batch, fanout(training)):
+        lps = score(decoder, own, piece, training)
+        batch = [own[i] for i in piece.members]
         for r, lp in zip(batch, lps, strict=True):
             if r.old_logprobs is None:
                 r.old_logprobs = lp.detach().float().cpu().numpy().astype(np.float32)
@@ -293,6 +321,7 @@ def _epoch(cfg, decoder, answers: list[Rollout]) -> dict[str, float]:
         sums["surrogate"] += float(out.surrogate.detach())
         sums["kl"] += float(out.kl.detach())
         sums["clipped"] += float(out.clip_fraction) * float(mask.sum()) / total
+    sums = spread.total(sums, world)
     return {
         names.TRAIN_LOSS: sums["loss"],
         names.SURROGATE_LOSS: sums["surrogate"],
@@ -301,21 +330,31 @@ def _epoch(cfg, decoder, answers: list[Rollout]) -> dict[str, float]:
     }
 
 
-def _train_critic(cfg, critic: ValueHead, features, returns, update: int) -> dict[str, float]:
-    """value_epochs full-batch AdamW steps of the head on the stored features; -> the mean
-    value loss over the passes and the features' size."""
-    feats = torch.cat(features)  # (N, n_embd) at feature_dtype
-    target = torch.cat([returns[i, : len(f)] for i, f in enumerate(features)]).float()  # (N,)
+def _train_critic(
+    cfg, critic: ValueHead, features, returns, total: int, update: int, world
+) -> dict[str, float]:
+    """value_epochs full-batch AdamW steps of the head on the stored features (this rank's
+    answers, `returns` their rows; `total` tokens in the update: the loss's normalizer), the
+    ranks' gradients summed; -> the mean value loss over the passes and the features' size
+    (this rank's)."""
+    n_embd = critic.linear.in_features
+    dtype = FEATURE_DTYPES[cfg.ppo.critic.feature_dtype]
+    feats = torch.cat(features) if features else torch.zeros(0, n_embd, dtype=dtype)  # (N, n_embd)
+    target = torch.cat(
+        [returns[i, : len(f)] for i, f in enumerate(features)] or [torch.zeros(0)]
+    ).float()  # (N,)
     ones = torch.ones_like(target)
     losses = []
     for _ in range(cfg.ppo.critic.value_epochs):
         critic.optimizer.zero_grad(set_to_none=True)
-        loss = value_loss(critic(feats), target, ones)
-        if not torch.isfinite(loss):
-            raise TrainingError(f"update {update}: the value head's loss is {float(loss)}")
+        loss = value_loss(critic(feats), target, ones, normalizer=total)
         loss.backward()
+        spread.sum_gradients(list(critic.parameters()), world)
+        loss = spread.total({"loss": float(loss.detach())}, world)["loss"]
+        if not math.isfinite(loss):
+            raise TrainingError(f"update {update}: the value head's loss is {loss}")
         critic.optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     return {
         names.VALUE_LOSS: float(np.mean(losses)),
         names.FEATURE_MIB: feats.numel() * feats.element_size() / 2**20,

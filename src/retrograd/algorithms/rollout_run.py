@@ -15,7 +15,7 @@ from pathlib import Path
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import first_last
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.sampling import Sampler
+from retrograd.rollout.backend import RolloutBackend, in_process
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RolloutResult:
 
 @dataclass
 class Built:
-    """What a rollout loop trains with: model, prompts, plan, optimizer, sampler."""
+    """What a rollout loop trains with: model, prompts, plan, optimizer, rollout backend."""
 
     model: object
     prompt_file: object
@@ -45,7 +45,7 @@ class Built:
     params: list
     optimizer: object
     rate: float
-    sampler: Sampler
+    backend: RolloutBackend
     trained: object = None  # trainable.plan.Trained: adapters and base tensors, for the export
 
     @property
@@ -58,7 +58,8 @@ class Built:
 
 def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> Built:
     """Everything that can be checked is checked before the model loads; then the model, the
-    rendered prompts, the plan (any trainable mode), the optimizer and the sampler. `where`
+    rendered prompts, the plan (any trainable mode), the optimizer and the rollout backend
+    (the in-process sampler, rollout/backend.py). `where`
     names the prompts key in errors ("[ppo].prompts"); `concurrency`, the loop's answers
     generated at once, raises the derived generation batch (context.generation_batch)."""
     training = cfg.training
@@ -72,17 +73,20 @@ def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> B
     prompts = render_prompts(prompt_file, chat, training.ctx)
     held = render_prompts(held_file, chat, training.ctx) if held_file else None
     tr = context.trainables(model, cfg)  # any [training].trainable mode
-    sampler = context.sampler(model, training, concurrency)
+    backend = in_process(model, training, concurrency)
     return Built(
         model, prompt_file, held_file, prompts, held, tr.plan, tr.adapters, tr.named, tr.params,
-        tr.optimizer, tr.rate, sampler, tr.trained,
+        tr.optimizer, tr.rate, backend, tr.trained,
     )  # fmt: skip
 
 
-def open_observe(cfg, algorithm: str, settings: dict, update: int, found, sinks):
-    """The run's [observe] writer (None without the section), told the update a resumed run
-    continues after."""
+def open_observe(cfg, algorithm: str, settings: dict, update: int, found, sinks, world=None):
+    """The run's [observe] writer (None without the section, and on every rank but rank 0 of a
+    distributed run), told the update a resumed run continues after."""
     from retrograd.observe.rollouts import ObserveWriter
+
+    if world is not None and not world.main:
+        return None
 
     return ObserveWriter.open(
         cfg.observe,

@@ -277,7 +277,15 @@ def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
 
 
 # The loops that run on several ranks ([run].algorithm, or distill/<mode>); the others refuse.
-DATA_PARALLEL = {"sft", "preference", "distill/topk_offline"}
+DATA_PARALLEL = {
+    "sft",
+    "preference",
+    "distill/topk_offline",
+    "grpo",  # the rollout loops: blocks of each update's groups (retrograd.rollout.spread)
+    "ppo",
+    "distill/on_policy",
+    "agent_grpo",
+}
 
 
 def loop_name(cfg) -> str:
@@ -288,6 +296,10 @@ def loop_name(cfg) -> str:
 def check_loop(cfg, w: World | None = None) -> None:
     """Several ranks for a loop that does not share its work yet: a clear refusal."""
     w = w or _WORLD
+    if w.active and w.parallel == "fsdp2":  # sharded blocks: every rank runs every pass
+        from retrograd.model import fsdp2
+
+        fsdp2.check_loop(loop_name(cfg))
     if w.active and loop_name(cfg) not in DATA_PARALLEL:
         raise ConfigError(
             f"[run].algorithm = {loop_name(cfg)!r} does not run on several ranks in this "

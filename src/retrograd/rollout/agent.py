@@ -45,8 +45,9 @@ from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
 from retrograd.agent.types import Episode, Observation
 from retrograd.errors import EnvironmentFailure
+from retrograd.rollout.backend import InProcessBackend
 from retrograd.sampling.params import FINISH_STOP
-from retrograd.sampling.turns import Thread, TurnDecoder
+from retrograd.sampling.turns import Thread
 
 log = logging.getLogger(__name__)
 NOT_RUN = "not run: the episode ended with an earlier call"
@@ -125,11 +126,12 @@ class _Member:
 
 
 class AgentRoller:
-    """Rolls out groups; the sampler, chat format, environment and MCP hub are the run's."""
+    """Rolls out groups; the rollout backend (a bare Sampler is taken as the in-process one),
+    chat format, environment and MCP hub are the run's."""
 
     def __init__(
         self,
-        sampler,
+        backend,
         chat,
         limits: Limits,
         *,
@@ -142,15 +144,23 @@ class AgentRoller:
         generator_name: str = "",
         workers: int = 16,
     ):
-        self.sampler, self.chat, self.limits = sampler, chat, limits
+        if not hasattr(backend, "turns"):
+            backend = InProcessBackend(backend)
+        self.backend, self.chat, self.limits = backend, chat, limits
+        self.tokenizer = backend.tokenizer
         self.environment, self.mcp = environment, mcp
         self.system_suffix = system_suffix
         self.temperature, self.top_p = temperature, top_p
-        self.decoder = TurnDecoder(sampler, keep_kv)
+        self.decoder = backend.turns(keep_kv)
         self.generator_name = generator_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent-env")
         self.tool_seconds = 0.0  # time in episodes and tools (open, steps, verify, close)
         self.generation_seconds = 0.0
+
+    @property
+    def sampler(self):
+        """The in-process backend's sampler (None for another backend)."""
+        return getattr(self.backend, "sampler", None)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -209,7 +219,7 @@ class AgentRoller:
         text = self.chat._strip_bos(
             self.chat.render(render, traj.tools or None, add_generation_prompt=True)
         )
-        tok = self.sampler.tokenizer
+        tok = self.tokenizer
         seq = tok.tokenize(text, add_bos=True, parse_special=True)
         sample = AgentSample(traj, seq, len(seq), [0] * len(seq), [0.0] * len(seq))
         generator = torch.Generator().manual_seed(seed)
@@ -253,7 +263,7 @@ class AgentRoller:
         m.thread.seq += c.ids
         end = ""
         if c.finish_reason == FINISH_STOP and isinstance(c.stopped_by, int):
-            end = self.sampler.tokenizer.token_to_piece(c.stopped_by, special=True)
+            end = self.tokenizer.token_to_piece(c.stopped_by, special=True)
             end = end.decode("utf-8", "replace")
         parsed = self.chat.parse(c.text)
         known = m.toolbox.names if m.toolbox is not None else set()
@@ -406,7 +416,7 @@ class AgentRoller:
                 return
             framing = rendered_turn[at + len(end) :]
         suffix = framing + full[len(with_turn) :]
-        ids = self.sampler.tokenizer.tokenize(suffix, add_bos=False, parse_special=True)
+        ids = self.tokenizer.tokenize(suffix, add_bos=False, parse_special=True)
         s = m.sample
         s.seq += ids
         s.mask += [0] * len(ids)

@@ -25,9 +25,12 @@ AGENT_NOT_IN_BASELINE = (*NOT_IN_BASELINE, "truncated")
 USABLE = (None, "zero_signal")  # scored and kept, though a group without signal trains nothing
 
 
-def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> dict[str, float]:
+def score_groups(
+    cfg, world, rolled: list[list[AgentSample]], update: int, first: int = 0
+) -> dict[str, float]:
     """Final rewards: the environment's when it grades the group (verify or any step reward),
-    else the judge's verdict; a group is scored by one or the other, never both."""
+    else the judge's verdict; a group is scored by one or the other, never both. `first`: the
+    update's index of the first group here (a rank's block)."""
     a = cfg.agent
     env = world.environment
     stats = {"judged": 0, "dropped": 0, "degenerate": 0, "scores": []}
@@ -45,14 +48,16 @@ def score_groups(cfg, world, rolled: list[list[AgentSample]], update: int) -> di
             continue
         candidates = [Candidate(list(s.traj.messages), s.traj.summary) for s in live]
         judged.append((g, group, live))
-        jobs.append((candidates, group_id(update, g), _rubric(scenario)))
+        jobs.append((candidates, group_id(update, first + g), _rubric(scenario)))
     stats["judged"] = len(jobs)
     verdicts_of = world.judge.score_groups(jobs) if jobs else []
     for (g, group, live), verdicts in zip(judged, verdicts_of, strict=True):
         if isinstance(verdicts, JudgeError):
             if a.judge_failure == "fail":
                 raise verdicts
-            log.warning("update %d, group %d: %s; the group is dropped", update, g, verdicts)
+            log.warning(
+                "update %d, group %d: %s; the group is dropped", update, first + g, verdicts
+            )
             stats["dropped"] += 1
             for s in group:
                 s.traj.final_reward = None

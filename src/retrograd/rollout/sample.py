@@ -33,7 +33,7 @@ class PromptStream:
 
 
 def sample_groups(
-    sampler,
+    backend,
     batch: list[tuple[int, Prompt]],
     update: int,
     first_group: int,
@@ -43,7 +43,8 @@ def sample_groups(
     concurrency: int,
 ) -> list[Group]:
     """A group of `size` answers per (cursor, prompt), sampled in waves of at most
-    `concurrency` answers (whole groups; a group's prompt is prefilled once). `sampling` is a
+    `concurrency` answers (whole groups; a group's prompt is prefilled once) from the rollout
+    backend (rollout/backend.py; a Sampler has the same `generate`). `sampling` is a
     [grpo.sampling]-shaped section (temperature, top_p, max_new_tokens, seed)."""
     params = SamplingParams(
         temperature=sampling.temperature,
@@ -62,7 +63,7 @@ def sample_groups(
             SampleRequest(p.ids, params, n=size, seeds=s)
             for (_, p), s in zip(wave, seeds, strict=True)
         ]
-        for (_, p), s, answers in zip(wave, seeds, sampler.generate(requests), strict=True):
+        for (_, p), s, answers in zip(wave, seeds, backend.generate(requests), strict=True):
             index = first_group + len(groups)
             members = [
                 Rollout(

@@ -53,11 +53,11 @@ def test_outside_torchrun_the_world_is_one_process(monkeypatch):
     distributed.close_world()
 
 
-def test_loops_without_shares_refuse_several_ranks():
-    cfg = validate_run(run_doc("ppo"))
-    with pytest.raises(ConfigError, match="'ppo' does not run on several ranks"):
+def test_every_loop_shares_its_work_on_several_ranks():
+    for algorithm in ("sft", "ppo", "grpo"):
+        cfg = validate_run(run_doc(algorithm))
         distributed.check_loop(cfg, World(rank=0, size=2))
-    distributed.check_loop(cfg, World())  # one process: anything runs
+        distributed.check_loop(cfg, World())
 
 
 def _port() -> int:
