@@ -238,6 +238,7 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
         if patience.stop:
             result.stopped = "patience"
             break
+    backend.close()
     # 4. export
     persist.export_or_keep(
         cfg, model, run_file, run, pos.mark(), named, optimizer, plan, tr.trained, patience, steps

@@ -241,6 +241,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                 break
     finally:
         program.close()
+        backend.close()
         if observe is not None:
             observe.close()
     # 4. export; if that fails, the trained adapter is kept elsewhere and the error says where

@@ -214,6 +214,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
                 break
     finally:
         program.close()
+        b.backend.close()
         if observe is not None:
             observe.close()
     # 4. export: the adapter alone (the value head lives in checkpoints only)

@@ -164,6 +164,7 @@ class AgentRoller:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.backend.close()
 
     # -- one batch of groups -------------------------------------------------------------------
 
