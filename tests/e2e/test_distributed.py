@@ -115,13 +115,15 @@ def _wait_then_kill(proc: subprocess.Popen, path: Path) -> None:
 @pytest.mark.slow
 def test_kill_of_every_rank_then_resume_gives_the_uninterrupted_adapter(tiny_model, tmp_path):
     model = tiny_model("llama")
-    ck = 'directory = "ck"\nmode = "steps"\nevery_steps = 2'
-    training = {"ctx": 32, "micro_batch": 16, "gradient_accumulation": 2, "epochs": 4}
+    # windows of two steps each: the checkpoint at step 3 cuts a window (its cache is saved)
+    ck = 'directory = "ck"\nmode = "steps"\nevery_steps = 3'
+    training = {"ctx": 64, "micro_batch": 16, "gradient_accumulation": 2, "epochs": 4}
     whole, cut = runs(tmp_path, model, ("whole", "cut"), training=training, checkpoint=ck)
     done = launch(train(whole), whole.parent)
     assert done.returncode == 0, done.stdout + done.stderr
     proc = start(train(cut), cut.parent)
-    _wait_then_kill(proc, cut.parent / "ck" / "step-000000000002.state")
+    _wait_then_kill(proc, cut.parent / "ck" / "step-000000000003.state")
+    assert (cut.parent / "ck/step-000000000003.state/artifacts/window-kv.msgpack").is_file()
     assert not (cut.parent / "out/adapter.gguf").exists()
     # a different world size is refused, naming the change
     refused = launch(train(cut, "--resume", ranks=1), cut.parent)
