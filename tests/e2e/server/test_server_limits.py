@@ -31,6 +31,7 @@ def chat(client: httpx.Client, model_id: str) -> httpx.Response:
 
 def test_loads_wait_for_the_device_and_the_queue_is_bounded(model, tmp_path):
     data = tmp_path / "data.txt"
+    data.write_text("the cat sat on the mat. the dog sat on the log. ")  # a few steps a run
     toml = "[serving]\ndevice_wait_seconds = 2\nqueue = 1\n"
     with RunServer(tmp_path / "state", toml=toml) as server, server.client() as c:
         done = c.post("/runs", content=sft_toml(model, data), headers=TOML).json()
