@@ -5,10 +5,12 @@ recipes exporting trajectories, and limits met by the plan's levers."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from tests.e2e.server.test_server_errors import codes, problem
+from tests.e2e.test_train_grpo import REWARD
 from tests.factories.agents import CHAT_TEMPLATE
 from tests.factories.run_server import RunServer
 from tests.factories.tiny_gguf import write_tiny
@@ -30,10 +32,14 @@ def setup(tmp_path_factory):
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
     scenario = {"id": "s1", "user": "write 1 into answer.txt"}
     (root / "scenarios.jsonl").write_text(json.dumps(scenario) + "\n")
+    (root / "reward.py").write_text(REWARD)
     toml = f"""path_roots = ["{root}"]
 [[reward]]
 id = "plurals"
 command = ["python3", "reward.py"]
+[[reward]]
+id = "letters"
+command = [{json.dumps(sys.executable)}, "{root / "reward.py"}"]
 [[judge]]
 id = "gemma"
 type = "ruler"
@@ -186,3 +192,26 @@ def test_limits_are_met_by_the_plans_levers_or_refused(setup):
         r = c.post("/plan", json={"recipe": {**asked, "limits": {"ram": "1MiB"}}})
         meta = problem(r, 422, "insufficient-memory")["meta"]
         assert meta["ram_budget_bytes"] == 1 << 20 and meta["unlocks"] == []
+
+
+def test_a_rollout_recipe_run_exports_its_trajectories(setup):
+    server, root, model = setup
+    asked = recipe(
+        root,
+        model,
+        objective="reasoning-rl",
+        data={"path": str(root / "prompts.jsonl")},
+        reward={"id": "letters"},
+        budget={"updates": 1},
+    )
+    small = {"grpo": {"prompts_per_update": 1, "group_size": 2, "sampling": {"max_new_tokens": 4}}}
+    with server.client() as c:
+        r = c.post("/runs", json={"recipe": asked, "params": small})
+        assert r.status_code == 201, r.text
+        run = r.json()
+        assert run["observed"] is True and run["effective_config"]["observe"]["every"] == 1
+        events = list(server.events(run["id"]))
+        assert events[-1][1]["status"] == "completed", server.log()
+        shown = c.get(f"/runs/{run['id']}/trajectories").json()
+        assert shown["observed"] is True and [u["update"] for u in shown["updates"]] == [1]
+        assert shown["updates"][0]["rollouts"] == 2 and shown["updates"][0]["texts"] is True
