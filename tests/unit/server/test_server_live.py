@@ -1,6 +1,6 @@
 """What a served run's process does at its loops' boundary (child.ServerSinks and the one hook,
 persist.boundary): a PATCH of [training].lr and [evaluation] followed from the next boundary,
-and evaluate answered with the loop's own evaluation, on tiny SFT and GRPO runs in this
+and evaluate answered with the loop's own evaluation, on tiny SFT, GRPO and preference runs in this
 process (the reference's ctx 128 and micro_batch 32)."""
 
 from __future__ import annotations
@@ -136,3 +136,30 @@ def test_grpo_answers_evaluate_with_held_out_rewards_and_follows_a_patched_rate(
     rates = [m.get("learning_rate") for m in messages if m["type"] == "progress"]
     trained = [r for r in rates[1:] if r is not None]
     assert all(r == pytest.approx(0.03) for r in trained)
+
+
+def test_preference_answers_evaluate_with_its_loss_and_accuracy(model, tmp_path):
+    from tests.e2e.test_train_preference import held_pairs, train_pairs, write_jsonl
+
+    write_jsonl(tmp_path / "pairs.jsonl", train_pairs()[:2])
+    write_jsonl(tmp_path / "held.jsonl", held_pairs())
+    document = {
+        "run": {"algorithm": "preference"},
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
+        "training": {"lr": 0.01, "epochs": 1},
+        "preference": {"data": "pairs.jsonl", "loss": "dpo"},
+        "evaluation": {"data": "held.jsonl"},
+        "output": {"path": str(tmp_path / "out.gguf")},
+    }
+    messages = run_served(
+        document, [{"op": "evaluate", "request_id": "e", "request": {}}], tmp_path
+    )
+    measured = answer(messages, "e")
+    assert measured["examples"] == len(held_pairs()) and measured["loss"] > 0
+    assert 0 <= measured["accuracy"] <= 1
+    # the run's own evaluation after its one step: the same weights, the same numbers
+    [own] = [m for m in messages if m["type"] == "evaluation"]
+    assert own["global_step"] == measured["global_step"] == 1
+    assert own["values"]["eval/preference_loss"] == pytest.approx(measured["loss"])
+    assert own["values"]["eval/accuracy"] == pytest.approx(measured["accuracy"])
