@@ -13,6 +13,7 @@ are served. Nothing here imports torch until a chat request loads a model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -128,18 +129,32 @@ class Serving:
         self.key: tuple | None = None
         self.app = None
         self.used = 0.0
-        self.lock = asyncio.Lock()
+        self.users = 0  # requests answering from the loaded app
+        self.changed = asyncio.Condition()
 
-    async def app_for(self, target: Target):
+    @contextlib.asynccontextmanager
+    async def use(self, target: Target):
+        """The app over the target's weights while a request answers from it. Other weights
+        are loaded only once no request uses the loaded ones (a swap never pulls a model out
+        from under an answer)."""
         key = (target.run.id, str(target.adapter), target.model_id)
-        async with self.lock:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.key == key or self.users == 0)
             if self.key != key:
                 await self._device_free()
                 self.close()
                 self.app = await asyncio.to_thread(_build, target)
                 self.key = key
+            self.users += 1
             self.used = time.monotonic()
-            return self.app
+            app = self.app
+        try:
+            yield app
+        finally:
+            async with self.changed:
+                self.users -= 1
+                self.used = time.monotonic()
+                self.changed.notify_all()
 
     async def _device_free(self) -> None:
         deadline = time.monotonic() + self.device_wait
@@ -161,7 +176,11 @@ class Serving:
         self.app, self.key = None, None
 
     def close_if_idle(self) -> None:
-        if self.app is not None and time.monotonic() - self.used > self.idle_seconds:
+        if (
+            self.app is not None
+            and self.users == 0
+            and time.monotonic() - self.used > self.idle_seconds
+        ):
             self.close()
 
 
@@ -232,10 +251,6 @@ class ChatCompletions:
 
     async def _served(self, target: Target, body: bytes, scope, receive, send) -> None:
         """The answer of serve's app over the target's weights (loaded when needed)."""
-        try:
-            app = await self.serving.app_for(target)
-        except ApiError as error:
-            return await openai_error(error)(scope, receive, send)
         replayed = False
 
         async def replay():
@@ -245,7 +260,11 @@ class ChatCompletions:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await app(scope, replay, send)
+        try:
+            async with self.serving.use(target) as app:
+                await app(scope, replay, send)
+        except ApiError as error:
+            return await openai_error(error)(scope, receive, send)
 
     async def _live(self, target: Target, data: dict):
         """The live run's answer, as JSON or (stream) as one piece of server-sent events."""

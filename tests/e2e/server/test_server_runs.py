@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -90,6 +91,12 @@ def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
                 model=model_id, messages=hello, max_tokens=4, temperature=0
             )
             assert answer.model == model_id and answer.usage.completion_tokens >= 1
+        # both at once: one served model at a time, so the second waits for the first's answer
+        # instead of unloading it mid-generation (greedy: the answers of one at a time)
+        alone = {m: chat(api, m, hello) for m in (f"{run['id']}@final", f"{run['id']}@base")}
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda m: (m, chat(api, m, hello)), list(alone) * 2))
+        assert all(text == alone[m] for m, text in together)
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model=f"{run['id']}@step-999", messages=hello)
 
@@ -112,6 +119,13 @@ def test_sft_run_over_http_followed_to_the_end(model, tmp_path):
         assert c.delete(f"/runs/{second['id']}").status_code == 204
         assert not (tmp_path / "state" / second["id"]).exists()
         assert c.get(f"/runs/{second['id']}").status_code == 404
+
+
+def chat(api, model_id: str, messages) -> str:
+    answer = api.with_options(timeout=120, max_retries=0).chat.completions.create(
+        model=model_id, messages=messages, max_tokens=24, temperature=0
+    )
+    return answer.choices[0].message.content
 
 
 def wait_for(events, kind: str, **match):
