@@ -3,8 +3,8 @@
 The viewer is the static page every [observe] directory holds (docs/observe.md); this serves
 the directory read-only (GET and HEAD) on a loopback address, so that a browser on this
 machine can open it by URL and follow a live run by reloading. It refuses other addresses, a
-folder without the viewer, and knows nothing about runs. The reference's viewer is the web UI's
-trajectories page; until that page exists, this is it.
+folder without the viewer, and knows nothing about runs. A served run's rollouts are browsed in
+the web page under `/` (ui.py); this is for an [observe] directory without a server.
 """
 
 from __future__ import annotations
