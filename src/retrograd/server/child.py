@@ -11,6 +11,11 @@ or without a checkpoint first), checkpoint, stop (checkpoint, then end as interr
 (keys followed from then on), generate, chat and evaluate (answers from the weights as they are,
 sent back under the request's id; a paused run answers too). When stdin closes the server is
 gone and the process ends at once. The server never reads this module's memory.
+
+A run with a time budget (run.json's plan.time_budget_minutes, a recipe's budget.minutes) ends
+at the first boundary after that many minutes of training (counted from the loop's start in
+this process): a checkpoint, the adapter exported from it to [output].path, and `completed`,
+with a log event saying that the time budget ended it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from retrograd.algorithms.persist import Sinks
 from retrograd.server.documents import merge
+
+BUDGET = "budget"  # Stop's outcome when the time budget ends the run (it completes)
 
 
 class Stop(BaseException):  # noqa: N818 - BaseException: the loops' `except Exception` must not take it
@@ -87,12 +95,17 @@ class ServerSinks(Sinks):
         self.pause_after_checkpoint = False
         self.patched: dict[str, dict[str, Any]] = {}  # {section: {key: value}} a client changed
         self.measure = lambda: None  # the loop's own evaluation, without patience
+        self.minutes: float | None = None  # the time budget (run.json's plan)
+        self.deadline: float | None = None  # time.monotonic() when the budget runs out
+        self.last_checkpoint: Path | None = None
 
     def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
         super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
         self.iterations = iterations
         self.live = LiveModel(cfg, model, plan)
         self.position = {"iteration": 0, "global_step": kwargs.get("initial_step", 0)}
+        if self.minutes is not None:
+            self.deadline = time.monotonic() + self.minutes * 60
         self.channel.send("started", iterations=iterations, total_steps=total_steps)
 
     def resumed(self, source: str, global_step: int) -> None:
@@ -120,6 +133,14 @@ class ServerSinks(Sinks):
     def boundary(self, cfg, measure):
         """What was asked since the last boundary, done; the config with a client's changes."""
         self.measure = measure
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.deadline = None  # once: a checkpoint now, then the run ends (checkpoint())
+            self.want_checkpoint = True
+            self.stop_after_checkpoint = BUDGET
+            self.note(
+                f"the time budget ({self.minutes:g} minutes) ended the run at step "
+                f"{self.position['global_step']}: a checkpoint, then the adapter exported"
+            )
         self._obey(self.channel.take())
         return self.follow(cfg)
 
@@ -211,6 +232,7 @@ class ServerSinks(Sinks):
     def checkpoint(self, path: Path, global_step: int) -> None:
         super().checkpoint(path, global_step)
         self.want_checkpoint = False
+        self.last_checkpoint = Path(path)
         self.channel.send("checkpoint", path=str(path), global_step=global_step)
         if self.stop_after_checkpoint is not None:
             raise Stop(self.stop_after_checkpoint)
@@ -322,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     sinks = ServerSinks(channel, Console(file=sys.stderr, width=120))
     sinks.patched = record.get("patched") or {}
+    sinks.minutes = (record.get("plan") or {}).get("time_budget_minutes")
     try:
         document = record["document"]
         cfg = validate_run(document, source="the run document", base_dir=record["base_dir"])
@@ -334,8 +357,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         LOOPS[cfg.run.algorithm]()(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
     except Stop as stop:
-        channel.send(stop.outcome)
-        return 0
+        if stop.outcome != BUDGET:
+            channel.send(stop.outcome)
+            return 0
+        try:
+            exported = _export_budget(cfg, sinks.last_checkpoint)
+        except Exception as error:  # the checkpoint is there: the error says where
+            sinks.fail(str(error))
+            channel.send("failed", error=str(error))
+            return 1
+        sinks.finish({"adapter": str(exported), "stopped early": "yes (time budget)"})
     except RetrogradError as error:
         sinks.fail(str(error))
         channel.send("failed", error=str(error))
@@ -358,6 +389,24 @@ def _checkpoint_lr(cfg, patched: float) -> float:
 
     settings = read_manifest(latest_checkpoint(cfg.checkpoint.directory))["trajectory_settings"]
     return settings.get("lr", patched)
+
+
+def _export_budget(cfg, checkpoint: Path | None) -> Path:
+    """[output].path from the checkpoint the time budget's end wrote: the adapter it exports
+    beside its state, copied atomically (what a recipe's runs make: adapters)."""
+    from retrograd.gguf import atomic_copy
+
+    kind = cfg.output.kind or "adapter"
+    source = checkpoint.with_suffix(".gguf") if checkpoint is not None else None
+    if kind != "adapter" or source is None or not source.is_file():
+        raise RuntimeError(
+            f"the time budget ended the run, but its {kind} could not be exported to "
+            f"{cfg.output.path}: a time budget exports adapters; resume from the checkpoint "
+            f"{checkpoint} to finish it"
+        )
+    out = Path(cfg.output.path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_copy(source, out)
 
 
 def _has_checkpoint(cfg) -> bool:

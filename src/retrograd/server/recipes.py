@@ -20,7 +20,10 @@ trained context (`allow: ["exceed_train_context"]` lifts that to 4096) and at mo
 examples longer than that are refused unless `allow: ["truncate_context"]`. Text data is cut
 into ctx windows, so it keeps ctx 128. `micro_batch` min(32, ctx) with
 gradient_accumulation 1 (sft, the reference's defaults). `budget.epochs` (sft, preference;
-1) or `budget.updates` (rollouts; 100) sets the length; `budget.minutes` is not built (501).
+1) or `budget.updates` (rollouts; 100) sets the length; `budget.minutes` (a number > 0, alone
+or with the length) ends the run at the first boundary after that many minutes of training
+with a checkpoint and its adapter exported, `completed` (child.py); the plan's `total_steps`
+is then an upper bound (the length's steps) and `plan.time_budget_minutes` holds the budget.
 Agentic recipes take 4 scenarios an update, groups of 8, one epoch, and the largest ctx a
 recipe takes (a trajectory's turns fill it).
 Rollout recipes export trajectories: `[observe] every = ceil(updates / observe_target_updates)`
@@ -125,6 +128,7 @@ class Recipe:
         self.recipe, self.server, self.datasets, self.run_dir = recipe, server, datasets, run_dir
         self.document: dict[str, Any] = {}
         self.reasons: dict[str, str] = {}
+        self.minutes: float | None = None  # recipe.budget.minutes: the run's time budget
         self.limits = self._limits()
         self.allow = self._allow()
         self._derive()
@@ -244,12 +248,17 @@ class Recipe:
 
     def _budget(self, algorithm: str) -> dict[str, int]:
         budget = self.recipe.get("budget") or {}
-        if not isinstance(budget, dict) or len(budget) > 1:
-            raise _bad(("budget",), 'must be one of {"epochs": N}, {"updates": N}, {"minutes": N}')
+        if not isinstance(budget, dict) or len(budget) > 2:
+            raise _bad(("budget",), 'must be {"epochs": N}, {"updates": N}, {"minutes": M} or '
+                       "minutes with the length")  # fmt: skip
+        budget = dict(budget)
         if "minutes" in budget:
-            raise Problem(
-                "not-implemented", "recipe.budget.minutes is not built yet; give epochs or updates"
-            )
+            minutes = budget.pop("minutes")
+            if isinstance(minutes, bool) or not isinstance(minutes, int | float) or minutes <= 0:
+                raise _bad(("budget", "minutes"), "must be a number of minutes > 0")
+            self.minutes = float(minutes)
+        if len(budget) > 1:
+            raise _bad(("budget",), "give one length: epochs or updates")
         unit = "updates" if algorithm in ("grpo", "agent_grpo") else "epochs"
         for name, value in budget.items():
             if name != unit:

@@ -4,7 +4,8 @@
 A run is created from a whole run document: `{"config": {...}, "params": {...}, "name": ...}`
 as JSON, or the TOML of a run file (`Content-Type: application/toml`, `?name=` beside it).
 `?dry_run=true` (and `POST /v1/plan`) validate and answer the effective config without
-creating anything. The recipe form and `fork_from` answer `not-implemented` for now. Control
+creating anything. The recipe form (recipes.py) and `fork_from` (forks.py) make the document
+the same checks then take. Control
 routes answer CommandAccepted (202); their effect comes at the run's next boundary.
 """
 
@@ -191,6 +192,8 @@ async def _from_recipe(request: Request, asked: Asked, run_dir: Path):
                 applied.append(lever)
             continue
         plan["levers_applied"] = applied
+        if recipe.minutes is not None:  # the run ends after this long (child.py)
+            plan["time_budget_minutes"] = recipe.minutes
         for lever in applied:
             prepared.provenance[lever["path"]] = {
                 "source": "derived",

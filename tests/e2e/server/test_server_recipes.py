@@ -102,6 +102,30 @@ def test_an_instruction_tuning_recipe_derives_its_run_and_trains(setup):
         assert {"run.algorithm", "training.ctx", "observe.every"} <= rules
 
 
+def test_a_time_budget_ends_the_run_with_a_checkpoint_and_its_adapter(setup):
+    server, root, model = setup
+    with server.client() as c:
+        # 10000 epochs at most; three seconds of training end it long before
+        asked = recipe(root, model, objective="instruction-tuning")
+        asked["budget"] = {"minutes": 0.05, "epochs": 10000}
+        asked["output"] = str(root / "timed-adapter.gguf")
+        run = c.post("/runs", json={"recipe": asked})
+        assert run.status_code == 201, run.text
+        run = run.json()
+        assert run["plan"]["time_budget_minutes"] == 0.05
+        events = list(server.events(run["id"]))
+        assert events[-1][1]["status"] == "completed", server.log()
+        last = [d["global_step"] for k, d in events if k == "progress"][-1]
+        assert 0 < last < run["plan"]["total_steps"]
+        said = [d["message"] for k, d in events if k == "log"]
+        assert any(m.startswith("the time budget (0.05 minutes) ended the run") for m in said)
+        checkpoint = [d for k, d in events if k == "checkpoint"][-1]
+        assert checkpoint["global_step"] == last
+        exported = (root / "timed-adapter.gguf").read_bytes()
+        assert exported == open(checkpoint["path"].replace(".state", ".gguf"), "rb").read()
+        assert exported[:4] == b"GGUF"
+
+
 def test_context_rules_and_their_opt_ins(setup):
     server, root, model = setup
     long = {"path": str(root / "long.jsonl")}
@@ -149,8 +173,13 @@ def test_rollout_recipes_reference_the_catalogue_and_export_trajectories(setup):
         assert codes(problem(r, 422, "invalid-request")) == [("/recipe/reward", "missing_field")]
         r = c.post("/plan", json={"recipe": {**asked, "reward": {"id": "nope"}}})
         problem(r, 422, "unknown-catalog-id")
-        r = c.post("/plan", json={"recipe": {**asked, "budget": {"minutes": 5}}})
-        problem(r, 501, "not-implemented")
+        timed = c.post("/plan", json={"recipe": {**asked, "budget": {"minutes": 5, "updates": 9}}})
+        assert timed.json()["plan"]["time_budget_minutes"] == 5  # 9 updates at most
+        assert timed.json()["effective_config"]["grpo"]["updates"] == 9
+        r = c.post("/plan", json={"recipe": {**asked, "budget": {"minutes": 0}}})
+        assert codes(problem(r, 422, "invalid-request")) == [
+            ("/recipe/budget/minutes", "invalid_value")
+        ]
         r = c.post("/plan", json={"recipe": {**asked, "budget": {"epochs": 5}}})
         assert codes(problem(r, 422, "invalid-request")) == [
             ("/recipe/budget/epochs", "invalid_value")
