@@ -349,3 +349,58 @@ def test_grpo_run_with_a_catalogue_reward_stops_at_shutdown_and_shows_its_rollou
         assert [m["summary"]["member"] for m in only["members"]] == [2]
         missing = c.get(f"/runs/{rid}/trajectories/updates/999")
         assert missing.status_code == 404
+
+
+def test_a_patched_evaluation_cadence_and_patience_are_followed(model, tmp_path):
+    """PATCH of [evaluation] over HTTP: from one evaluation (the last epoch's) to one after each
+    epoch, and patience 2 instead of 1. The rate is too small to move the loss (the adapter's
+    B starts at zero), so the held-out loss repeats: the run stops after its third epoch."""
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT[: len(TEXT) // 2])
+    toml = f"""
+[run]
+algorithm = "sft"
+[model]
+path = "{model}"
+device = "cpu"
+[lora]
+rank = 4
+alpha = 8.0
+targets = ["q", "v"]
+[training]
+lr = 1e-20
+lr_scheduler = "constant"
+warmup_steps = 0
+epochs = 5
+[sft]
+data = "{data}"
+[evaluation]
+data = "{data}"
+every_iterations = 1000
+patience = 1
+"""
+    with RunServer(tmp_path / "state") as server, server.client() as c:
+        run = start_run(c, toml)
+        rid = run["id"]
+        assert run["effective_config"]["training"]["ctx"] == 128  # the reference's defaults
+        assert run["effective_config"]["training"]["micro_batch"] == 32
+        c.post(f"/runs/{rid}/pause")  # while it starts: it pauses after its first step
+        events = server.events(rid)
+        wait_for(events, "status", status="paused")
+        patch = {"evaluation": {"every_iterations": 1, "patience": 2}}
+        patched = c.patch(f"/runs/{rid}", json=patch)
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["applied"] == ["evaluation.every_iterations", "evaluation.patience"]
+        assert c.post(f"/runs/{rid}/resume").status_code == 202
+        rest = list(events)
+        assert rest[-1][1]["status"] == "completed", server.log()
+        per_epoch = run["plan"]["total_steps"] // 5
+        assert per_epoch > 1  # the patch lands before the first epoch ends
+        evaluations = [d for k, d in rest if k == "evaluation"]
+        assert [e["global_step"] for e in evaluations] == [per_epoch * n for n in (1, 2, 3)]
+        assert [e["improved"] for e in evaluations] == [True, False, False]
+        losses = {e["values"]["eval/loss"] for e in evaluations}
+        assert len(losses) == 1
+        view = c.get(f"/runs/{rid}").json()
+        assert view["progress"]["global_step"] == 3 * per_epoch  # patience 2 ended it
+        assert view["effective_config"]["evaluation"]["patience"] == 2
