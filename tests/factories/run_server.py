@@ -104,11 +104,20 @@ class RunServer:
                         kind, data = None, None
 
 
-def sft_toml(model: Path, data: Path, epochs: int = 1, extra: str = "", text: str = TEXT) -> str:
+def sft_toml(
+    model: Path,
+    data: Path,
+    epochs: int = 1,
+    extra: str = "",
+    text: str = TEXT,
+    training: str | None = None,
+) -> str:
     """A tiny SFT run file (absolute paths) on `data` (written with `text`, about one optimizer
-    step per 30 characters, when missing); `extra` adds tables."""
+    step per 30 characters, when missing); `extra` adds tables; `training` replaces the
+    [training] keys but `epochs`."""
     if not data.exists():
         data.write_text(text)
+    training = training or "lr = 0.005\nctx = 32\nmicro_batch = 16\ngradient_accumulation = 2"
     return f"""
 [run]
 algorithm = "sft"
@@ -120,11 +129,8 @@ rank = 4
 alpha = 8.0
 targets = ["q", "v", "ffn_down"]
 [training]
-lr = 0.005
 epochs = {epochs}
-ctx = 32
-micro_batch = 16
-gradient_accumulation = 2
+{training}
 [sft]
 data = "{data}"
 {extra}

@@ -357,28 +357,11 @@ def test_a_patched_evaluation_cadence_and_patience_are_followed(model, tmp_path)
     B starts at zero), so the held-out loss repeats: the run stops after its third epoch."""
     data = tmp_path / "data.txt"
     data.write_text(TEXT[: len(TEXT) // 2])
-    toml = f"""
-[run]
-algorithm = "sft"
-[model]
-path = "{model}"
-device = "cpu"
-[lora]
-rank = 4
-alpha = 8.0
-targets = ["q", "v"]
-[training]
-lr = 1e-20
-lr_scheduler = "constant"
-warmup_steps = 0
-epochs = 5
-[sft]
-data = "{data}"
-[evaluation]
-data = "{data}"
-every_iterations = 1000
-patience = 1
-"""
+    held = f'[evaluation]\ndata = "{data}"\nevery_iterations = 1000\npatience = 1'
+    training = (
+        'lr = 1e-20\nlr_scheduler = "constant"\nwarmup_steps = 0'  # ctx, micro_batch: 128, 32
+    )
+    toml = sft_toml(model, data, epochs=5, extra=held, training=training)
     with RunServer(tmp_path / "state") as server, server.client() as c:
         run = start_run(c, toml)
         rid = run["id"]
