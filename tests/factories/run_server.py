@@ -5,7 +5,11 @@
         for event in server.events(run_id): ...
 
 `kill()` ends the process with SIGKILL (a crash); `start()` starts it again on the same state
-directory. The SFT run file these tests send is `sft_toml`: the tiny model, text data, no
+directory. `event_queue` and `send_buffer` (a slow client's test) serve the app of
+create_app(config, event_queue=...) from this module instead of the command line, on a loopback
+socket this process makes with SO_SNDBUF = send_buffer (which turns the kernel's autotuning off;
+accepted connections inherit it) and with asyncio's write buffer of each connection as small,
+so that a client that does not read fills the way within a few dozen events. The SFT run file these tests send is `sft_toml`: the tiny model, text data, no
 [output] or [checkpoint] unless given (the server puts them in the run's folder).
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +34,16 @@ TEXT = (
 
 
 class RunServer:
-    def __init__(self, state: Path, toml: str = "", token: str | None = None):
+    def __init__(
+        self,
+        state: Path,
+        toml: str = "",
+        token: str | None = None,
+        event_queue: int | None = None,
+        send_buffer: int | None = None,
+    ):
         self.state = Path(state)
+        self.event_queue, self.send_buffer = event_queue, send_buffer
         self.state.mkdir(parents=True, exist_ok=True)
         self.token = token
         self.config = self.state.parent / f"{self.state.name}-server.toml"
@@ -45,13 +58,27 @@ class RunServer:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RETRO_COMPILE": "0"}
         if self.token is not None:
             env["RETROGRAD_SERVER_TOKEN"] = self.token
+        argv, sock = [sys.executable, "-m", "retrograd.cli.server", str(self.config)], None
+        if self.event_queue is not None or self.send_buffer is not None:
+            sock = socket.socket()
+            if self.send_buffer is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(64)
+            env["PYTHONPATH"] += os.pathsep + str(REPO)
+            queue = self.event_queue if self.event_queue is not None else 0
+            argv = [sys.executable, "-m", "tests.factories.run_server", str(self.config)]
+            argv += [str(sock.fileno()), str(queue), str(self.send_buffer or 0)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "retrograd.cli.server", str(self.config)],
+            argv,
             stdout=subprocess.PIPE,
             stderr=open(self.state.parent / f"{self.state.name}-server.log", "a"),  # noqa: SIM115
             text=True,
             env=env,
+            pass_fds=(sock.fileno(),) if sock is not None else (),
         )
+        if sock is not None:
+            sock.close()  # the server's process holds it now
         line = self.proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, self.log()
         self.url = line.split("listening on ")[1].split()[0]
@@ -159,3 +186,31 @@ def grpo_document(model: Path, prompts: Path, grpo: dict, **sections) -> dict:
         },
         **sections,
     }
+
+
+def _serve(config_path: str, fd: str, queue: str, send_buffer: str) -> None:
+    """The server of `config_path` on the listening socket `fd`, its streams lagged `queue`
+    events behind (0: the server's own limit), each connection's transport pausing its writer
+    past `send_buffer` bytes (0: asyncio's 64 KiB) as its socket's buffer does."""
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class SmallWrites(H11Protocol):
+        def connection_made(self, transport) -> None:
+            if int(send_buffer):
+                transport.set_write_buffer_limits(high=int(send_buffer))
+            super().connection_made(transport)
+
+    from retrograd.server.app import create_app
+    from retrograd.server.config import load_server_config
+
+    config = load_server_config(config_path)
+    sock = socket.socket(fileno=int(fd))
+    print(f"retrograd-server: listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
+    app = create_app(config, event_queue=int(queue)) if int(queue) else create_app(config)
+    server = uvicorn.Config(app, http=SmallWrites, log_level="warning", timeout_graceful_shutdown=3)
+    uvicorn.Server(server).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    _serve(*sys.argv[1:])
