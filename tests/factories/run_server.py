@@ -156,8 +156,8 @@ rank = 4
 alpha = 8.0
 targets = ["q", "v", "ffn_down"]
 [training]
-epochs = {epochs}
 {training}
+epochs = {epochs}
 [sft]
 data = "{data}"
 {extra}
