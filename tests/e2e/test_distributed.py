@@ -102,14 +102,21 @@ def test_two_ranks_train_the_adapter_of_one_process(tiny_model, tmp_path, traini
     assert (two.parent / "ck" / states[-1] / "dcp" / ".metadata").is_file()
 
 
-def _wait_then_kill(proc: subprocess.Popen, path: Path) -> None:
+def kill_every_rank(proc: subprocess.Popen, path: Path) -> None:
+    """SIGKILL of the launcher and every rank once `path` (a checkpoint) has landed. torchrun
+    starts each rank in a session of its own: a kill of the launcher's process group would leave
+    the ranks training on, so each process is killed by pid."""
     deadline = time.monotonic() + LAUNCH_TIMEOUT
     while not (path / "manifest.msgpack").exists():
         assert proc.poll() is None, proc.stdout.read().decode()
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank at once
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        p.kill()
     proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive
 
 
 @pytest.mark.slow
@@ -122,7 +129,7 @@ def test_kill_of_every_rank_then_resume_gives_the_uninterrupted_adapter(tiny_mod
     done = launch(train(whole), whole.parent)
     assert done.returncode == 0, done.stdout + done.stderr
     proc = start(train(cut), cut.parent)
-    _wait_then_kill(proc, cut.parent / "ck" / "step-000000000003.state")
+    kill_every_rank(proc, cut.parent / "ck" / "step-000000000003.state")
     assert (cut.parent / "ck/step-000000000003.state/artifacts/window-kv.msgpack").is_file()
     assert not (cut.parent / "out/adapter.gguf").exists()
     # a different world size is refused, naming the change

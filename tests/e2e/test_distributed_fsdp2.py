@@ -4,15 +4,11 @@ reference defaults; a kill -9 of every rank inside a window, then a resume to th
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-import psutil
 import pytest
 
 from tests.e2e.test_distributed import (
-    LAUNCH_TIMEOUT,
     assert_same_adapter,
+    kill_every_rank,
     launch,
     runs,
     start,
@@ -39,21 +35,6 @@ def test_fsdp2_trains_the_adapter_of_one_process(tiny_model, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fsdp2: 3 blocks sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_adapter(one.parent / "out/adapter.gguf", two.parent / "out/adapter.gguf")
-
-
-def kill_every_rank(proc, path: Path) -> None:
-    """SIGKILL of the launcher and every rank once `path` (a checkpoint) has landed. NOTE:
-    torchrun starts each rank in a session of its own, so killing the launcher's process group
-    leaves the ranks running; each is killed by pid."""
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while not (path / "manifest.msgpack").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
-        time.sleep(0.02)
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for p in tree:
-        p.kill()
-    proc.wait(timeout=30)
-    psutil.wait_procs(tree, timeout=30)
 
 
 @pytest.mark.slow

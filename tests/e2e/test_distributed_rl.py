@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import test_train_distill, test_train_grpo, test_train_ppo
-from tests.e2e.test_distributed import assert_same_adapter, launch, start, train
-from tests.e2e.test_distributed_fsdp2 import kill_every_rank
+from tests.e2e.test_distributed import assert_same_adapter, kill_every_rank, launch, start, train
 from tests.e2e.test_train_sft import CHAT_TEMPLATE
 
 # the reference defaults (ctx 128, micro_batch 32): an update's answers take several passes

@@ -91,6 +91,10 @@ def check_outputs(cfg, run_file: str | Path | None = None) -> None:
         problems += _result_problems(cfg, result)
     if problems:
         raise ConfigError("\n".join(problems) + "\nchoose another output path")
+    if int(os.environ.get("RANK", "0")) != 0:
+        # NOTE: under torchrun rank 0 alone probes (and writes) the outputs: a probe removes the
+        # folders it made, which pulled a folder from under another rank's probe.
+        return
     for key, out in outputs.items():
         folder = out.parent if key == "[output].path" else out
         _check_writable(key, out, folder)

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         distributed.check_loop(cfg, world)
         loop(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
+        distributed.barrier()  # the ranks leave together, once rank 0 has written the output
     except KeyboardInterrupt:
         sinks.fail("interrupted")
         raise
