@@ -182,29 +182,34 @@ def _rank(p: psutil.Process) -> str | None:
         return None
 
 
-@pytest.mark.slow
-def test_two_ranks_train_the_dpo_adapter_of_one_process(tmp_path):
-    """DPO with its reference scores computed by both ranks' shares, each rank one of every
-    step's two pairs, held-out evaluation and checkpoints; sgd sees the gradients' scale."""
+def dpo_runs(tmp: Path, pairs_per_step: int, **training) -> list[Path]:
+    """The run files one/run.toml and two/run.toml of a DPO run on a tiny chat model: sgd,
+    held-out pairs, a checkpoint every 3 steps; `training` adds [training] keys."""
     from tests.e2e.test_train_preference import CHAT_TEMPLATE
     from tests.e2e.test_train_preference import write_run as write_pairs_run
     from tests.factories.tiny_gguf import write_tiny
 
-    model = write_tiny(tmp_path / "chat.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
+    model = write_tiny(tmp / "chat.gguf", "gemma3", chat_template=CHAT_TEMPLATE)
     sections = {
         "evaluation": {"data": "held.jsonl"},
         "checkpoint": 'directory = "ck"\nmode = "steps"\nevery_steps = 3',
     }
+    out = []
+    for name in ("one", "two"):
+        (tmp / name).mkdir()
+        preference = {"loss": "dpo", "pairs_per_step": pairs_per_step}
+        training = {"optimizer": "sgd", "lr": 0.5, "epochs": 2, **training}
+        out.append(write_pairs_run(tmp / name, model, preference, training=training, **sections))
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_dpo_adapter_of_one_process(tmp_path):
+    """DPO with its reference scores computed by both ranks' shares, each rank one of every
+    step's two pairs, held-out evaluation and checkpoints; sgd sees the gradients' scale."""
     done = {}
-    for name, ranks in (("one", 1), ("two", 2)):
-        (tmp_path / name).mkdir()
-        run = write_pairs_run(
-            tmp_path / name,
-            model,
-            {"loss": "dpo", "pairs_per_step": 2},
-            training={"optimizer": "sgd", "lr": 0.5, "epochs": 2},
-            **sections,
-        )
+    for run, ranks in zip(dpo_runs(tmp_path, 2), (1, 2), strict=True):
+        name = run.parent.name
         done[name] = launch(train(run, ranks=ranks), run.parent)
         assert done[name].returncode == 0, done[name].stdout + done[name].stderr
     one, two = (tmp_path / n / "out/adapter.gguf" for n in ("one", "two"))

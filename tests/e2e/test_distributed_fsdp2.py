@@ -4,10 +4,15 @@ reference defaults; a kill -9 of every rank inside a window, then a resume to th
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
+from retrograd.algorithms.preference import REFERENCE, decode_scores
 from tests.e2e.test_distributed import (
     assert_same_adapter,
+    dpo_runs,
     kill_every_rank,
     launch,
     runs,
@@ -57,3 +62,36 @@ def test_fsdp2_resumes_after_every_rank_is_killed(tiny_model, tmp_path):
     assert_same_adapter(
         whole.parent / "out/adapter.gguf", cut.parent / "out/adapter.gguf", atol=1e-7
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro_batch", [32, 64])
+def test_fsdp2_trains_the_dpo_adapter_of_one_process(micro_batch, tmp_path):
+    """DPO over sharded blocks, three pairs a step: the ranks own two pieces and one (at 32 a
+    pair's rows each, at 64 shared-prompt pieces of two passes mixed with rows of one), every
+    rank scoring every piece, reference score and held-out pair; the adapter and the held-out
+    statistics of one process, checkpoints written."""
+    one, two = dpo_runs(tmp_path, 3, micro_batch=micro_batch)
+    two.write_text(
+        two.read_text()
+        .replace("[run]\n", "[run]\nverbose = true\n")
+        .replace("[training]\n", f"[training]\n{FSDP2}")
+    )
+    done = {}
+    for name, run, ranks in (("one", one, 1), ("two", two, 2)):
+        done[name] = launch(train(run, ranks=ranks), run.parent)
+        assert done[name].returncode == 0, done[name].stdout + done[name].stderr
+    assert "fsdp2: 3 blocks sharded over 2 ranks" in done["two"].stdout + done["two"].stderr
+    assert_same_adapter(tmp_path / "one/out/adapter.gguf", tmp_path / "two/out/adapter.gguf")
+    evals = {n: re.findall(r"(eval/\w+)\s+(-?[\d.]+)", done[n].stdout) for n in done}
+    assert len(evals["two"]) == 10  # two evaluations of five statistics
+    assert [k for k, _ in evals["one"]] == [k for k, _ in evals["two"]]
+    np.testing.assert_allclose(
+        *([float(v) for _, v in evals[n]] for n in done), rtol=2e-3, atol=1e-3
+    )
+    ref = {n: tmp_path / n / "ck/step-000000000003.state/artifacts" / REFERENCE for n in done}
+    one, two = (decode_scores(REFERENCE, ref[n].read_bytes(), n) for n in done)
+    for a, b in zip(one, two, strict=True):  # the training set's scores, then the held-out
+        np.testing.assert_allclose(a.chosen, b.chosen, rtol=1e-5)
+        np.testing.assert_allclose(a.rejected, b.rejected, rtol=1e-5)
+    assert (tmp_path / "two/ck/step-000000000003.state/dcp/.metadata").is_file()

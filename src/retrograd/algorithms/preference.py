@@ -466,19 +466,23 @@ def score_pairs(
 ) -> PairStats:
     """Each pass's loss over len(members) pairs, backward when training: the passes'
     gradients sum to the gradient of the mean loss over `members`. Under torchrun each rank
-    runs its share of the passes; the statistics of all of them come back on every rank."""
+    runs its share of the passes; the statistics of all of them come back on every rank.
+    Under fsdp2 every rank runs every pass (each gathers the sharded blocks, a collective every
+    rank joins) and back-propagates the others' with a zero loss."""
     t = cfg.training
     parts: dict[str, list[np.ndarray]] = {}
     order: list[int] = []
-    for piece in _mine(pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout)):
+    for piece, own in _passes(
+        decoder, pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout)
+    ):
         chosen, rejected = score(decoder, pairs, piece, t)
         out = loss_fn(_scored(pairs, piece, chosen, rejected, ref), len(members))
         if train:
-            out.loss.backward()
+            (out.loss if own else out.loss * 0.0).backward()
         order += piece.pairs
         for k, v in _columns(out).items():
             parts.setdefault(k, []).append(v)
-    if distributed.world().active:  # every rank's pieces, in rank order: one process's order
+    if distributed.world().active and not decoder.sharded:  # every rank's pieces, rank order
         shares = distributed.gather_objects((order, parts))
         order = [i for o, _ in shares for i in o]
         parts = {k: [v for _, p in shares for v in p.get(k, [])] for k in shares[0][1]}
@@ -487,9 +491,12 @@ def score_pairs(
     return PairStats(sorted(members), columns)
 
 
-def _mine(pieces: list[Piece]) -> list[Piece]:
-    """This rank's block of a step's pieces (all of them in one process)."""
-    return [pieces[k] for k in distributed.share(len(pieces))]
+def _passes(decoder, pieces: list[Piece]) -> list[tuple[Piece, bool]]:
+    """The pieces this rank runs, each with whether it is its own: its block of them (all of
+    them in one process), or under fsdp2 (blocks sharded) every piece in order, the ranks'
+    forwards and backwards in step."""
+    mine = set(distributed.share(len(pieces)))
+    return [(p, k in mine) for k, p in enumerate(pieces) if decoder.sharded or k in mine]
 
 
 def _scored(pairs, piece: Piece, chosen, rejected, ref: Scores | None) -> Scored:
@@ -540,17 +547,20 @@ def reference_scores(cfg, model, adapters, sets: dict[str, list[TokenPair]]) -> 
     reference = _reference_context(cfg, model, adapters)
     out = {}
     with reference() as decoder:
+        scorer = decoder or model.decoder  # a [reference].model is whole on every rank
         for name, pairs in sets.items():
             scores = Scores.unset(len(pairs))
             members = list(range(len(pairs)))
             fanout = cfg.training.shared_prefix_fanout
             found = []
-            for piece in _mine(pieces_of(pairs, members, cfg.training.micro_batch, fanout)):
-                chosen, rejected = score(decoder or model.decoder, pairs, piece, cfg.training)
+            pieces = pieces_of(pairs, members, cfg.training.micro_batch, fanout)
+            for piece, _own in _passes(scorer, pieces):
+                chosen, rejected = score(scorer, pairs, piece, cfg.training)
                 found.append(
                     (piece.pairs, chosen.float().cpu().numpy(), rejected.float().cpu().numpy())
                 )
-            for idx, chosen, rejected in (f for s in distributed.gather_objects(found) for f in s):
+            shares = [found] if scorer.sharded else distributed.gather_objects(found)
+            for idx, chosen, rejected in (f for s in shares for f in s):
                 scores.chosen[list(idx)], scores.rejected[list(idx)] = chosen, rejected
             out[name] = scores
     return out

@@ -47,10 +47,10 @@ BYTES = "raw"  # the name of a module's Parameter of stored bytes
 POLICY = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
 
 
-# The loops whose ranks run the same passes in the same order (an SFT step's passes: a rank
-# runs the others' with a zero loss, see algorithms/step.py); rollout loops sample a different
-# number of tokens on each rank.
-LOCKSTEP_LOOPS = ("sft", "distill/topk_offline")
+# The loops whose ranks run the same passes in the same order (an SFT step's passes, a
+# preference step's pieces: a rank runs the others' with a zero loss, see algorithms/step.py and
+# algorithms/preference.py); rollout loops sample a different number of tokens on each rank.
+LOCKSTEP_LOOPS = ("sft", "preference", "distill/topk_offline")
 
 
 def check_loop(loop: str) -> None:
@@ -60,7 +60,7 @@ def check_loop(loop: str) -> None:
         raise ConfigError(
             f'[training].parallel = "fsdp2": [run].algorithm = {loop!r} does not run its ranks '
             'in step (each rank scores or samples its own share) in this version; use "ddp", '
-            f"or train {' or '.join(LOCKSTEP_LOOPS)} with fsdp2"
+            f"or train {', '.join(LOCKSTEP_LOOPS)} with fsdp2"
         )
 
 

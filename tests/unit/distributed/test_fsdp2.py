@@ -84,10 +84,11 @@ def test_registered_bytes_are_read_through_the_module(tiny_model):
         assert not torch.equal(decoder.head(decoder(ids)), before)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "preference"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_loops_whose_ranks_do_not_run_in_step_are_refused(algorithm):
     w = World(rank=0, size=2, parallel="fsdp2")
     distributed.check_loop(validate_run(run_doc("sft")), w)
+    distributed.check_loop(validate_run(run_doc("preference", training={"parallel": "fsdp2"})), w)
     cfg = validate_run(run_doc(algorithm, training={"parallel": "fsdp2"}))
     with pytest.raises(ConfigError, match=rf"fsdp2.*{algorithm!r} does not run its ranks in step"):
         distributed.check_loop(cfg, w)
