@@ -15,9 +15,10 @@ from tests.e2e.server.test_server_runs import model, start_run, wait_for  # noqa
 from tests.factories.run_server import RunServer, grpo_document, sft_toml
 
 # a reward program that answers its first batch and never the second: the run's second
-# update does not reach its boundary
+# update does not reach its boundary (the program waits for its input to end, which it does
+# when the run's process is gone: nothing is left running after the test)
 STALLS = r"""
-import json, sys, time
+import json, sys
 ended = 0
 for line in sys.stdin:
     req = json.loads(line)
@@ -26,7 +27,8 @@ for line in sys.stdin:
         print(json.dumps(req), flush=True)
         continue
     if ended:
-        time.sleep(600)
+        sys.stdin.read()
+        break
     print(json.dumps({"reward": 0.5, "_retrograd_batch": req["_retrograd_batch"],
                       "_retrograd_index": req["_retrograd_index"]}), flush=True)
 """
