@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from retrograd.algorithms.ppo import _advantages
+from retrograd.algorithms.ppo import _advantages, _old_values
+from retrograd.distributed import World
 from retrograd.rollout.records import Prompt, Rollout
 from retrograd.trainable.value_head import ValueHead
 
@@ -31,7 +32,7 @@ def _cfg(gamma=1.0, lam=0.95):
 
 def test_without_a_critic_every_token_carries_its_answers_whitened_reward():
     answers = _answers([1.0, 0.0, 0.5], [2, 3, 1])
-    assert _advantages(_cfg(), answers, None, None) is None
+    assert _advantages(_cfg(), answers, None) is None
     tokens = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 0.5])  # each answer's reward on its tokens
     want = (tokens - tokens.mean()) / tokens.std()
     got = np.concatenate([a.token_advantages for a in answers])
@@ -41,7 +42,7 @@ def test_without_a_critic_every_token_carries_its_answers_whitened_reward():
 
 def test_equal_rewards_carry_no_signal():
     answers = _answers([0.3, 0.3], [2, 4])
-    _advantages(_cfg(), answers, None, None)
+    _advantages(_cfg(), answers, None)
     assert all(np.all(a.token_advantages == 0) for a in answers)
 
 
@@ -54,7 +55,8 @@ def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():
         head.linear.bias.fill_(0.1)
     features = [torch.randn(3, 4), torch.randn(2, 4)]
     gamma, lam = 0.9, 0.8
-    returns = _advantages(_cfg(gamma, lam), answers, head, features)
+    old = _old_values(head, features, World())  # one process: its own answers' values
+    returns = _advantages(_cfg(gamma, lam), answers, old)
     raw, rets = [], []
     for a, f in zip(answers, features, strict=True):
         v = head(f).detach().double().numpy()
