@@ -121,21 +121,6 @@ def backends() -> list[str]:
     return found
 
 
-def _memory() -> tuple[int | None, int | None]:
-    """(total, available) bytes of host memory, from /proc/meminfo where there is one."""
-    try:
-        fields = dict(
-            line.split(":", 1)
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if ":" in line
-        )
-        total = int(fields["MemTotal"].split()[0]) * 1024
-        free = int(fields["MemAvailable"].split()[0]) * 1024
-        return total, free
-    except (OSError, KeyError, ValueError):
-        return None, None
-
-
 def _discovery(app: FastAPI, config: ServerConfig) -> None:
     @app.get("/v1/health", tags=["discovery"])
     async def health():
@@ -143,7 +128,9 @@ def _discovery(app: FastAPI, config: ServerConfig) -> None:
 
     @app.get("/v1/capabilities", tags=["discovery"])
     async def capabilities():
-        total, free = _memory()
+        from retrograd.server.plans import host_memory
+
+        total, free = host_memory()
         cpu = {
             "kind": "cpu",
             "name": "cpu",

@@ -62,14 +62,23 @@ def _gpu() -> tuple[str, int] | None:
         return None
 
 
-def total_ram() -> int | None:
+def host_memory() -> tuple[int | None, int | None]:
+    """(total, available) bytes of host memory, from /proc/meminfo where there is one."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        fields = dict(
+            line.split(":", 1)
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if ":" in line
+        )
+        total = int(fields["MemTotal"].split()[0]) * 1024
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+        return total, free
+    except (OSError, KeyError, ValueError):
+        return None, None
+
+
+def total_ram() -> int | None:
+    return host_memory()[0]
 
 
 _GPU: list[tuple[str, int] | None] = []
