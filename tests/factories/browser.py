@@ -44,8 +44,8 @@ def chromium() -> str:
             return path
     pytest.fail(
         "headless Chromium is needed to test the web pages and none of "
-        f"{', '.join(BROWSERS)} is on PATH: install it (Debian: apt-get install -y chromium; "
-        ".ci/run does so when it is missing)",
+        f"{', '.join(BROWSERS)} is on PATH: `make browser` (scripts/browser.sh, run by "
+        "`make test`) installs it where it can and says why where it cannot",
         pytrace=False,
     )
 
