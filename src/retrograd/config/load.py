@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from retrograd import nesting
 from retrograd.config.core import ModelSection
 from retrograd.config.document import (
     ALGORITHM_SECTIONS,
@@ -92,9 +93,17 @@ def _apply_verbose(
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
-    """TOML to a dict; a syntax error becomes `run.toml:LINE:COLUMN: invalid TOML: ...`."""
+    """TOML to a dict; a syntax error becomes `run.toml:LINE:COLUMN: invalid TOML: ...`, and
+    so does nesting deeper than nesting.MAX_DEPTH (arrays and tables, dotted keys too), found
+    before tomllib or any later reader recurses into it."""
     try:
-        return tomllib.loads(text)
+        nesting.check_toml(text)
+        data = tomllib.loads(text)
+        nesting.check_value(data)
+        return data
+    except nesting.TooDeep as error:
+        where = f":{error.lineno}:{error.colno}" if error.doc else ""
+        raise ConfigError(f"{source}{where}: invalid TOML: {error.msg}") from None
     except tomllib.TOMLDecodeError as error:
         message = str(error)
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)

@@ -65,6 +65,21 @@ def test_toml_syntax_error_names_line_and_column(tmp_path):
     assert str(caught.value).startswith(f"{path}:3:13: invalid TOML:")
 
 
+def test_toml_nested_too_deep_is_an_error_naming_the_place_not_a_recursion_error(tmp_path):
+    # arrays and inline tables (tomllib recurses into them) and dotted keys (it does not, but
+    # every reader after it does)
+    deep = {
+        "x = " + "[" * 100_000 + "]" * 100_000: ":15:69: invalid TOML: nested more than 64",
+        "x = " + "{a = " * 5_000 + "1" + "}" * 5_000: ":15:325: invalid TOML: nested more than 64",
+        "x" + ".x" * 100 + " = 1": ": invalid TOML: nested more than 64 levels deep",
+    }
+    for line, message in deep.items():
+        path = write(tmp_path, RUN + line + "\n")
+        with pytest.raises(ConfigError) as caught:
+            load_run(path)
+        assert str(caught.value).startswith(f"{path}{message}"), str(caught.value)[:200]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such run file"):
         load_run(tmp_path / "absent.toml")
