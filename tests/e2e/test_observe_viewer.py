@@ -1,7 +1,7 @@
 """The rollout viewer in a real browser: headless Chromium opens an observe directory's index.html
 from disk (file://, no server), runs its scripts, and we read the DOM it built and its screenshot.
 
-Chromium is a system package (`apt-get install -y chromium` on Debian; `.ci/run` installs it).
+Chromium is a system package (`make test` installs it through scripts/browser.sh where it can).
 A machine without it fails here with that instruction rather than skipping the test.
 """
 
