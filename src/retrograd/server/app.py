@@ -85,6 +85,7 @@ def create_app(
         timeout=config.request_timeout_seconds,
         redact=config.redact,
         max_concurrent=config.max_concurrent_requests,
+        links=app.state.links,
     )
     install_handlers(app, config.redact)
     _discovery(app, config)

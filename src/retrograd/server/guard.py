@@ -2,7 +2,9 @@
 /v1, body size, request time, and the problem+json answers for what goes wrong.
 
 `Guard` is plain ASGI so that event streams pass through unbuffered. It answers 401 (with
-`WWW-Authenticate: Bearer`) for a missing or wrong token, 413 for a body over the limit
+`WWW-Authenticate: Bearer`) for a missing or wrong token under /v1, unless the request is a
+signed link that links.py admits (decided here, before any route, so that no route's answer
+tells a stranger what exists), 413 for a body over the limit
 (announced by Content-Length, or counted as it arrives), 504 for a request over
 `request_timeout_seconds` (event streams exempt), 429 past `max_concurrent_requests` requests
 at once (event streams not counted: they last as long as their clients). `install_handlers` turns Problem, FastAPI's
@@ -20,11 +22,11 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd.errors import RetrogradError
-from retrograd.server.links import signed_request
+from retrograd.server.links import Links
 from retrograd.server.problems import MEDIA_TYPE, FieldError, Problem, pointer, unknown_field
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,10 @@ class Guard:
         route_limits: dict[str, int] | None = None,
         idle_limits: dict[str, float] | None = None,
         max_concurrent: int | None = None,
+        links: Links | None = None,
     ):
         self.app = app
+        self.links = links  # signed links open one artifact each without the token
         self.max_concurrent = max_concurrent  # requests at once, event streams not counted
         self.active = 0
         self.token = token
@@ -77,29 +81,13 @@ class Guard:
             return await self.app(scope, receive, send)
         trace_id = uuid.uuid4().hex
         scope.setdefault("state", {})["trace_id"] = trace_id
-        path, headers = scope["path"], Headers(scope=scope)
+        path = scope["path"]
 
         async def refuse(problem: Problem) -> None:
             await problem_response(problem, trace_id, self.redact)(scope, receive, send)
 
-        if (
-            self.token is not None
-            and path.startswith("/v1")
-            and not self._authorized(headers)
-            and not signed_request(scope["method"], path, scope.get("query_string", b""))
-        ):
-            return await refuse(
-                Problem(
-                    "unauthorized",
-                    "send the server's token as Authorization: Bearer <token>",
-                    [
-                        FieldError(
-                            "/headers/authorization", "unauthorized", "missing or wrong token"
-                        )
-                    ],
-                    headers=CHALLENGE,
-                )
-            )
+        if self.token is not None and path.startswith("/v1") and not self._admitted_by(scope):
+            return await refuse(_unauthorized(scope.get("query_string", b"")))
         stream = path.endswith("/events")
         if not stream and self.max_concurrent is not None and self.active >= self.max_concurrent:
             return await refuse(
@@ -150,7 +138,9 @@ class Guard:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message.setdefault("headers", []).append((b"trace-id", trace_id.encode()))
+                headers = message.setdefault("headers", [])
+                if not any(name.lower() == b"trace-id" for name, _ in headers):
+                    headers.append((b"trace-id", trace_id.encode()))  # problems carry theirs
             await send(message)
 
         if _untimed(path, scope["method"]) or idle is not None:
@@ -162,10 +152,17 @@ class Guard:
                 detail = f"the request took longer than {self.timeout:g} s"
                 await refuse(Problem("timeout", detail))
 
-    def _authorized(self, headers: Headers) -> bool:
-        given = headers.get("authorization", "")
+    def _admitted_by(self, scope) -> bool:
+        """The bearer token, or a signed link to the one artifact asked for."""
+        given = Headers(scope=scope).get("authorization", "")
         scheme, _, value = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), self.token)
+        # bytes: compare_digest refuses str with non-ASCII characters (a header may hold any)
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            value.strip().encode("latin-1", "replace"), self.token.encode()
+        ):
+            return True
+        query = scope.get("query_string", b"")
+        return self.links is not None and self.links.admits(scope["method"], scope["path"], query)
 
     def _too_large(self, limit: int) -> Problem:
         return Problem(
@@ -173,6 +170,21 @@ class Guard:
             f"the request body is over the server's limit ({limit} bytes)",
             meta={"max_body_bytes": limit},
         )
+
+
+def _unauthorized(query: bytes) -> Problem:
+    linked = "sig" in QueryParams(query)
+    detail = (
+        "the link is expired, or signed for something else; ask for a new one"
+        if linked
+        else "send the server's token as Authorization: Bearer <token>"
+    )
+    return Problem(
+        "unauthorized",
+        detail,
+        [FieldError("/headers/authorization", "unauthorized", "missing or wrong token")],
+        headers=CHALLENGE,
+    )
 
 
 def trace_of(request: Request) -> str:
