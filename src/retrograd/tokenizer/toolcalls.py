@@ -3,16 +3,21 @@
 Families: `hermes` (Qwen, Hermes, SmolLM: `<tool_call>{"name", "arguments"}</tool_call>`),
 `llama3` (a JSON object `{"name", "parameters"}`, optionally after `<|python_tag|>`),
 `mistral` (`[TOOL_CALLS][{...}]` or `[TOOL_CALLS]name[ARGS]{...}`) and `gemma`
-(a ```tool_code block holding Python calls `name(key=value)`). Parsing never raises: a
-malformed call comes back as a typed `CallError` next to the calls that did parse. The same
-code serves `serve`, agent rollouts, `collect` and SFT on tool records; nothing here knows
-about templates or ids.
+(a ```tool_code block holding Python calls `name(key=value)`). Parsing never raises, whatever
+the text (nested 100,000 deep, a 5,000-digit number): a malformed call comes back as a typed
+`CallError` next to the calls that did parse. A call's name is text and its arguments are what
+every tool can take (`argument_problem`): a JSON object nested at most MAX_ARGUMENT_DEPTH deep,
+its strings free of lone surrogates (which no UTF-8 encoder, argv or tokenizer accepts), its
+numbers finite; anything else is a `CallError`, so that nothing a model writes can raise
+further on. The same code serves `serve`, agent rollouts, `collect` and SFT on tool records;
+nothing here knows about templates or ids.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -30,8 +35,9 @@ class ToolCall:
 class CallError:
     """Why a call-shaped piece of text is not a valid call.
 
-    kind: "invalid_json", "not_an_object", "missing_name", "bad_arguments", "unterminated",
-    "invalid_syntax". `start`/`end` are character offsets of the piece in the text.
+    kind: "invalid_json", "not_an_object", "missing_name", "bad_name", "bad_arguments",
+    "unterminated", "invalid_syntax". `start`/`end` are character offsets of the piece in the
+    text.
     """
 
     kind: str
@@ -52,15 +58,93 @@ class ParsedTurn:
         return not self.errors
 
 
-def normalize_arguments(value: Any) -> dict[str, Any]:
-    """Arguments as an object: a dict stays, a JSON-encoded object string is decoded."""
-    if isinstance(value, dict):
-        return value
+MAX_ARGUMENT_DEPTH = 64  # objects and arrays inside each other, the arguments' own included
+
+
+def is_text(value: str) -> bool:
+    """True when `value` encodes as UTF-8: no lone surrogate (which JSON's \\ud800 escape and
+    Python's decoders can put in a str)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _value_problem(value: Any) -> str | None:
+    """Why one scalar cannot stand in arguments, or None."""
     if isinstance(value, str):
-        decoded = json.loads(value)  # ValueError to the caller
-        if isinstance(decoded, dict):
-            return decoded
-    raise ValueError("arguments must be an object or a JSON-encoded object")
+        return None if is_text(value) else "a string holds a lone surrogate, which is not text"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "a number is not finite"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    return f"JSON cannot hold a value of type {type(value).__name__}"
+
+
+def argument_problem(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> str | None:
+    """Why `value` cannot be a call's arguments, or None when every tool can take it: a JSON
+    object (tuples count as arrays) nested at most `limit` deep, with string keys and no lone
+    surrogate nor non-finite number anywhere. Walked without recursion."""
+    if not isinstance(value, dict):
+        return "arguments must be an object"
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > limit:
+                return f"arguments nested more than {limit} levels deep"
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        return f"JSON cannot hold a key of type {type(key).__name__}"
+                    if not is_text(key):
+                        return "a key holds a lone surrogate, which is not text"
+                item = item.values()
+            todo.extend((v, depth + 1) for v in item)
+        elif (problem := _value_problem(item)) is not None:
+            return problem
+    return None
+
+
+def _json_arrays(value: Any) -> Any:
+    """`value` with its tuples made lists (a Python literal's arrays), as JSON reads them."""
+    if isinstance(value, dict):
+        return {k: _json_arrays(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_arrays(v) for v in value]
+    return value
+
+
+def _decode_json(text: str, pos: int = 0) -> tuple[Any, int]:
+    """One JSON value at `pos`. Every failure is a JSONDecodeError: a number of more digits
+    than Python converts, or nesting past what the parser recurses through, included."""
+    try:
+        return json.JSONDecoder().raw_decode(text, pos)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, pos) from None
+    except ValueError as e:  # int("7" * 5000): past sys.get_int_max_str_digits()
+        raise json.JSONDecodeError(str(e), text, pos) from None
+
+
+def normalize_arguments(value: Any) -> dict[str, Any]:
+    """Arguments as an object: a dict stays, a JSON-encoded object string is decoded. Raises
+    ValueError (alone) when they are not an object or `argument_problem` finds one."""
+    if isinstance(value, str):
+        text = value.lstrip()
+        value, end = _decode_json(text)
+        if text[end:].strip():
+            raise ValueError("text after the JSON object")
+    problem = argument_problem(value)
+    if problem is not None:
+        if problem == "arguments must be an object":
+            problem = "arguments must be an object or a JSON-encoded object"
+        raise ValueError(problem)
+    return value
 
 
 def _call_from_json(obj: Any, args_keys: tuple[str, ...], start, end, text) -> ToolCall | CallError:
@@ -69,6 +153,8 @@ def _call_from_json(obj: Any, args_keys: tuple[str, ...], start, end, text) -> T
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return CallError("missing_name", 'a call needs a non-empty string "name"', start, end, text)
+    if not is_text(name):
+        return CallError("bad_name", "a call's name holds a lone surrogate", start, end, text)
     args: Any = {}
     for key in args_keys:
         if key in obj:
@@ -84,7 +170,7 @@ def _call_from_json(obj: Any, args_keys: tuple[str, ...], start, end, text) -> T
 def _json_at(text: str, pos: int, args_keys, end_limit: int | None = None):
     """Decode one JSON value at `pos`; (result, end)."""
     try:
-        obj, end = json.JSONDecoder().raw_decode(text, pos)
+        obj, end = _decode_json(text, pos)
     except json.JSONDecodeError as e:
         stop = end_limit if end_limit is not None else len(text)
         return CallError("invalid_json", f"invalid JSON: {e.msg}", pos, stop, text[pos:stop]), stop
@@ -200,7 +286,7 @@ class Mistral(ToolFormat):
             pos += len(text[pos:]) - len(rest)
             if rest.startswith("["):
                 try:
-                    arr, end = json.JSONDecoder().raw_decode(text, pos)
+                    arr, end = _decode_json(text, pos)
                 except json.JSONDecodeError as e:
                     items.append(
                         CallError(
@@ -231,7 +317,7 @@ class Mistral(ToolFormat):
                 argpos = a + len(self._ARGS)
                 argpos += len(text[argpos:]) - len(text[argpos:].lstrip())
                 try:
-                    obj, end = json.JSONDecoder().raw_decode(text, argpos)
+                    obj, end = _decode_json(text, argpos)
                 except json.JSONDecodeError as e:
                     items.append(
                         CallError(
@@ -285,9 +371,14 @@ class Gemma(ToolFormat):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
                 raise ValueError("expected name(key=value, ...)")
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-        except (SyntaxError, ValueError) as exc:
+        # NOTE: CPython's parser answers nesting past its stack (100,000 unary minus signs)
+        # with MemoryError, and literal_eval's walk with RecursionError.
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
             return CallError("invalid_syntax", f"not a call: {exc}", s, e, line)
-        return ToolCall(node.func.id, args)
+        problem = argument_problem(args)
+        if problem is not None:
+            return CallError("bad_arguments", f"call {node.func.id!r}: {problem}", s, e, line)
+        return ToolCall(node.func.id, _json_arrays(args))
 
     def render(self, calls: list[ToolCall]) -> str:
         lines = [
