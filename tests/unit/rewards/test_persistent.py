@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -213,11 +215,27 @@ def test_bad_replies(persistent, hooks, match):
 
 
 def test_output_between_batches(persistent):
-    hooks = "def marker(req):\n    send(req)\n    time.sleep(0.05)\n    return [{'reward': 0.0}]\n"
+    # A line 50 ms after the end marker; then the program opens the FIFO `sent` to say so,
+    # and the test waits for that (not for a time that a loaded machine may overrun).
+    hooks = (
+        "def marker(req):\n"
+        "    send(req)\n"
+        "    time.sleep(0.05)\n"
+        "    send({'reward': 0.0})\n"
+        "    with open(os.path.join(HERE, 'sent'), 'w') as f:\n"
+        "        f.write('sent')\n"
+        "    return []\n"
+    )
     argv = persistent(hooks)
+    sent = Path(argv[-1]).with_name("sent")
+    os.mkfifo(sent)
+    signal = os.open(sent, os.O_RDONLY | os.O_NONBLOCK)  # the program's open waits for this
     program = RewardProgram(argv)
-    program.score(REQUESTS)
-    time.sleep(0.3)
+    try:
+        program.score(REQUESTS)
+        assert select.select([signal], [], [], 60)[0], "the program never wrote its extra line"
+    finally:
+        os.close(signal)
     with pytest.raises(RewardError, match="batch 1: extra output after batch 0's end marker"):
         program.score(REQUESTS)
     assert_gone(argv)
