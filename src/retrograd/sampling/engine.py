@@ -16,7 +16,8 @@ keys and values from the cache; decoding is not cut (one token a row a pass).
 `fast = True` (fast_sampling_context): a 16-bit KV cache and the fused attention kernel.
 `fast = False`: a float32 cache and the plain attention path training uses. Environment:
 RETRO_DEVICE_SAMPLING=0 samples on the host, RETRO_DEVICE_LOGPROBS=0 computes log-probs on
-the host in float64, RETRO_FAST_TOP_P=1 searches the nucleus among the top candidates first.
+the host in float64, RETRO_FAST_TOP_P=0 sorts the whole vocabulary for every nucleus row (the
+same tokens, slower: the top candidates are searched first by default, select.py).
 
 The sampler knows the tokenizer only for end-of-generation ids and stop strings; it knows
 nothing about chat templates or HTTP.
@@ -83,7 +84,7 @@ class Sampler:
         self.device_logprobs = (
             _env_flag("RETRO_DEVICE_LOGPROBS", True) if device_logprobs is None else device_logprobs
         )
-        self.fast_top_p = _env_flag("RETRO_FAST_TOP_P", False) if fast_top_p is None else fast_top_p
+        self.fast_top_p = _env_flag("RETRO_FAST_TOP_P", True) if fast_top_p is None else fast_top_p
         self._table: TokenTable | None = None  # the vocabulary's pieces, once a grammar asks
 
     @property
@@ -224,7 +225,9 @@ class Sampler:
         top_p = torch.tensor([row.top_p], dtype=torch.float32)
         if self.device_sampling:
             dev = restricted.device
-            ids = select_device(restricted[None], temp.to(dev), top_p.to(dev), u.to(dev))
+            ids = select_device(
+                restricted[None], temp.to(dev), top_p.to(dev), u.to(dev), self.fast_top_p
+            )
         else:
             ids = select_host(restricted[None], temp, top_p, u)
         return int(ids[0])

@@ -8,9 +8,16 @@ over the probabilities sorted high to low (stable: equal values keep id order) o
 rule depends only on the row's own logits, settings and u, never on its batch.
 
 The device path keeps the (B, V) logits where they are and returns B token ids; the host path
-copies them and computes in float64 (the oracle). `fast_top_p` finds the nucleus among the top
-256 candidates when they hold enough mass, falling back to the full sort when they do not;
-equal probabilities may then be ordered differently. Nothing here knows about models or text.
+copies them and computes in float64 (the oracle). A nucleus row first looks among its
+NUCLEUS_CANDIDATES most likely tokens (`torch.topk`, then put in the full sort's order: high
+to low, equal values by id) and takes its token there when that choice is certain to be the
+full sort's: the nucleus ends inside the candidates and the chosen token is more likely than
+the least likely candidate (a token tied with it may sit outside them). Every other row sorts
+its whole vocabulary. Both read the same probabilities, and the candidates' running sums are
+the sorted row's first ones, so the token is the full sort's for the same u, bit for bit (the
+CPU's cumulative sum is one sequential pass, whatever the row's length; not yet checked on a
+GPU, where it rests on the scan's prefixes not depending on the row's length either).
+`fast_top_p = False` sorts every nucleus row. Nothing here knows about models or text.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 
 from retrograd.compiled import fused
 
-FAST_TOP_K = 256  # candidates tried first by fast top-p
+NUCLEUS_CANDIDATES = 256  # tokens searched first for a nucleus
 
 
 def select_device(
@@ -28,7 +35,7 @@ def select_device(
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     u: torch.Tensor,
-    fast_top_p: bool = False,
+    fast_top_p: bool = True,
 ) -> torch.Tensor:
     """logits (B, V) float32 (or bf16/f16: the same values widened), temperature/top_p/u (B,)
     -> token ids (B,) long, on logits' device.
@@ -43,52 +50,78 @@ def select_device(
     if greedy.any():
         out[greedy] = _argmax(logits[greedy])
     logits = logits.float()
-    full = ~greedy & (top_p >= 1)  # inverse CDF in id order
-    if full.any():
+    full = _rows(~greedy & (top_p >= 1))  # inverse CDF in id order
+    if full is not None:
         probs = torch.softmax(logits[full] / temperature[full, None], -1)  # (b, V)
         cdf = probs.cumsum(-1)
         x = (u[full].to(cdf.dtype) * cdf[:, -1])[:, None]
         out[full] = torch.searchsorted(cdf, x, right=True)[:, 0].clamp_max(cdf.shape[1] - 1)
-    nucleus = ~greedy & (top_p < 1)
-    if nucleus.any():
+    nucleus = _rows(~greedy & (top_p < 1))
+    if nucleus is not None:
         rows = logits[nucleus] / temperature[nucleus, None]
         out[nucleus] = _nucleus(rows, top_p[nucleus], u[nucleus], fast_top_p)
     return out
 
 
+def _rows(mask: torch.Tensor) -> torch.Tensor | slice | None:
+    """An index of the rows in `mask`: None when there are none, a slice (a view, no copy of
+    the (B, V) logits) when it is every row."""
+    if not bool(mask.any()):
+        return None
+    return slice(None) if bool(mask.all()) else mask
+
+
 def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor, fast: bool):
     """Inverse CDF over the sorted nucleus; scaled (b, V) -> ids (b,)."""
     probs = torch.softmax(scaled, -1)  # (b, V)
-    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    todo = torch.ones(probs.shape[0], dtype=torch.bool, device=probs.device)
-    if fast and probs.shape[1] > FAST_TOP_K:
-        vals, idx = probs.topk(FAST_TOP_K, -1)  # (b, K), sorted high to low
-        enough = vals.sum(-1) >= top_p
-        if enough.any():
-            out[enough] = _pick(vals[enough], idx[enough], top_p[enough], u[enough])
-            todo = ~enough
-    if todo.any():
-        vals, idx = probs[todo].sort(dim=-1, descending=True, stable=True)  # (b, V)
-        out[todo] = _pick(vals, idx, top_p[todo], u[todo])
+    if fast and probs.shape[1] > NUCLEUS_CANDIDATES:
+        out, sure = nucleus_from_candidates(probs, top_p, u, NUCLEUS_CANDIDATES)
+    else:
+        out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+        sure = torch.zeros_like(out, dtype=torch.bool)
+    rest = _rows(~sure)
+    if rest is not None:
+        vals, idx = probs[rest].sort(dim=-1, descending=True, stable=True)  # (b', V)
+        k, _ = _position(vals, top_p[rest], u[rest])
+        out[rest] = idx.gather(-1, k[:, None])[:, 0]
     return out
 
 
-def _pick(vals, idx, top_p, u) -> torch.Tensor:
-    """vals (b, K) sorted probabilities with their ids idx; the nucleus keeps the smallest prefix
-    whose mass reaches top_p (the crossing token included)."""
+def nucleus_from_candidates(
+    probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor, k: int = NUCLEUS_CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs (b, V) -> (ids (b,), sure (b,) bool): the full sort's token wherever `sure`, from
+    the k most likely tokens alone."""
+    vals, idx = probs.topk(k, -1)  # (b, k), high to low; equal values in no promised order
+    idx, by_id = idx.sort(-1)  # NOTE: topk's order of equal values is not the stable sort's
+    vals, order = vals.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)
+    idx = idx.gather(-1, order)  # the stable full sort's order among the candidates
+    pos, n_keep = _position(vals, top_p, u)
+    # the nucleus ends before the last candidate (keep is a prefix: the full sort keeps no
+    # more), and no token outside the candidates ties with the chosen one
+    sure = (n_keep < k) & (vals.gather(-1, pos[:, None])[:, 0] > vals[:, -1])
+    return idx.gather(-1, pos[:, None])[:, 0], sure
+
+
+def _position(vals: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor):
+    """vals (b, K) probabilities sorted high to low -> (the chosen position (b,), the nucleus
+    size (b,)). The nucleus keeps the smallest prefix whose mass reaches top_p (the crossing
+    token included). NOTE: position i reads vals[:i + 1] only (cumsum's prefixes), which makes
+    a prefix of the sorted row choose what the whole row does."""
     cdf = vals.cumsum(-1)  # (b, K)
     keep = (cdf - vals) < top_p[:, None]  # mass before the token is still short of top_p
     n_keep = keep.sum(-1).clamp_min(1)  # (b,)
     mass = cdf.gather(-1, (n_keep - 1)[:, None])  # (b, 1)
     x = u.to(cdf.dtype)[:, None] * mass
-    k = torch.searchsorted(cdf, x, right=True).clamp_max(n_keep[:, None] - 1)  # (b, 1)
-    return idx.gather(-1, k)[:, 0]
+    pos = torch.searchsorted(cdf, x, right=True).clamp_max(n_keep[:, None] - 1)  # (b, 1)
+    return pos[:, 0], n_keep
 
 
 def select_host(
-    logits: torch.Tensor, temperature, top_p, u, fast_top_p: bool = False
+    logits: torch.Tensor, temperature, top_p, u, fast_top_p: bool = True
 ) -> torch.Tensor:
-    """The same rule in float64 on the host (RETRO_DEVICE_SAMPLING=0); returns ids on the host."""
+    """The same rule in float64 on the host (RETRO_DEVICE_SAMPLING=0); returns ids on the host.
+    fast_top_p is accepted for `select_device`'s signature: the oracle always sorts."""
     z = logits.detach().double().cpu().numpy()  # (B, V)
     temps, tops, us = (np.asarray(_host(t), dtype=np.float64) for t in (temperature, top_p, u))
     out = np.empty(z.shape[0], dtype=np.int64)

@@ -93,11 +93,45 @@ def test_environment_switches(models, monkeypatch):
     m = models("llama")
     monkeypatch.setenv("RETRO_DEVICE_SAMPLING", "0")
     monkeypatch.setenv("RETRO_DEVICE_LOGPROBS", "0")
-    monkeypatch.setenv("RETRO_FAST_TOP_P", "1")
+    monkeypatch.setenv("RETRO_FAST_TOP_P", "0")
     s = Sampler(m.decoder, m.tokenizer)
-    assert (s.device_sampling, s.device_logprobs, s.fast_top_p) == (False, False, True)
+    assert (s.device_sampling, s.device_logprobs, s.fast_top_p) == (False, False, False)
     monkeypatch.delenv("RETRO_DEVICE_SAMPLING")
-    assert Sampler(m.decoder, m.tokenizer).device_sampling
+    monkeypatch.delenv("RETRO_FAST_TOP_P")
+    s = Sampler(m.decoder, m.tokenizer)
+    assert s.device_sampling and s.fast_top_p  # the top candidates first, by default
+
+
+def test_the_top_candidates_answer_what_the_full_sort_answers(models, monkeypatch):
+    """Nucleus answers through the sampler, 8 candidates searched first (a tiny vocabulary
+    holds little more than 256) against every row sorted: the same ids and log-probabilities,
+    with both ways of choosing taken along the way."""
+    from retrograd.sampling import select
+
+    decided = []  # per nucleus row and step: did the candidates decide?
+    real = select.nucleus_from_candidates
+
+    def counted(probs, top_p, u, k):
+        assert k == 8
+        ids, sure = real(probs, top_p, u, k)
+        decided.extend(sure.tolist())
+        return ids, sure
+
+    monkeypatch.setattr(select, "NUCLEUS_CANDIDATES", 8)
+    monkeypatch.setattr(select, "nucleus_from_candidates", counted)
+    m = models("qwen3")
+    asked = [
+        req(PROMPT, n=3, temperature=0.3, top_p=0.5, seed=1, max_new_tokens=16),
+        req(SHORT, n=2, temperature=0.7, top_p=0.9, seed=2, max_new_tokens=16),
+        req(SHORT, temperature=1.5, top_p=0.99, seed=4, max_new_tokens=16),  # beyond 8
+        req(PROMPT, temperature=1.0, seed=3, max_new_tokens=16),  # top_p = 1: no nucleus
+    ]
+    fast = Sampler(m.decoder, m.tokenizer, fast=False).generate(asked)
+    assert True in decided and False in decided
+    full = Sampler(m.decoder, m.tokenizer, fast=False, fast_top_p=False).generate(asked)
+    for a, b in zip(fast, full, strict=True):
+        assert [c.ids for c in a] == [c.ids for c in b]
+        assert [c.logprobs for c in a] == [c.logprobs for c in b]
 
 
 def test_a_group_prefills_its_prompt_once(models, monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 from retrograd.sampling.select import (
     greedy_device,
+    nucleus_from_candidates,
     select_device,
     select_host,
     token_logprobs_device,
@@ -94,3 +95,112 @@ def test_greedy_in_one_kernel_equals_the_general_path(dtype):
     assert torch.equal(tokens, select_device(logits, t, p, torch.rand(5, dtype=torch.float64)))
     assert tokens[2] == 7
     torch.testing.assert_close(lp, token_logprobs_host(logits, t, tokens), atol=1e-5, rtol=1e-5)
+
+
+# -- the top candidates against the full sort ---------------------------------------------------
+
+TEMPERATURES = (0.3, 0.7, 1.0, 1.6)
+TOP_PS = (0.05, 0.5, 0.9, 0.95, 0.999)
+# edges of [0, 1): 0, the smallest draws, a half, and draws that round to 1 in float32
+EDGE_U = (0.0, 1e-12, 0.5, 1 - 1e-9, 1 - 2**-53)
+
+
+def shapes(V: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Logits rows (V,) of the kinds a nucleus meets: where the candidates decide, where they
+    do not (flat, heavy tails), and ties everywhere that topk may order unlike a stable sort."""
+    ids = torch.randperm(V, generator=gen)  # tied or top tokens at scattered ids
+    noise = torch.randn(V, generator=gen)
+    peaked = noise * 2
+    peaked[ids[:20]] += 15  # a language model's few likely tokens
+    zipf = torch.empty(V)
+    zipf[ids] = -1.1 * torch.log(torch.arange(1, V + 1).float())  # mass spread past 256
+    tied_top = noise.clone()
+    tied_top[ids[:7]] = 9.0  # seven tokens share the top, ids in no order
+    boundary = noise.clone()
+    boundary[ids[:100]] = 9.0 + noise[:100]
+    boundary[ids[100:1100]] = 6.0  # a tied block across the 256th place
+    masked = torch.full((V,), float("-inf"))  # a grammar's restriction: 300 tokens allowed
+    masked[ids[:300]] = noise[:300] * 3
+    one = noise.clone()
+    one[ids[0]] = 200.0  # every other probability underflows to 0
+    return {
+        "peaked": peaked,
+        "zipf": zipf,
+        "flat": torch.zeros(V),
+        "near flat": noise * 0.05,
+        "quantized": torch.round(noise * 3),  # ties at every level
+        "tied top": tied_top,
+        "tied boundary": boundary,
+        "masked": masked,
+        "one": one,
+    }
+
+
+def batch(V: int, draws: int, seed: int, temperatures=TEMPERATURES, top_ps=TOP_PS):
+    """Every shape x temperature x top_p, `draws` uniform numbers each (the edges first), with
+    greedy and top_p = 1 rows among them -> logits (B, V), temperature, top_p, u (B,)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, temps, tops, us = [], [], [], []
+    for row in shapes(V, gen).values():
+        for t in temperatures:
+            for p in (*top_ps, 1.0):
+                for j in range(draws):
+                    u = EDGE_U[j] if j < len(EDGE_U) else torch.rand((), generator=gen).item()
+                    rows.append(row)
+                    temps.append(t if j != 1 or p < 1 else 0.0)  # a few greedy rows
+                    tops.append(p)
+                    us.append(u)
+    return (
+        torch.stack(rows),
+        torch.tensor(temps),
+        torch.tensor(tops),
+        torch.tensor(us, dtype=torch.float64),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("V", "draws", "temperatures", "top_ps"),
+    [(4096, 12, TEMPERATURES, TOP_PS), (262144, 2, (0.7, 1.6), (0.5, 0.95))],  # Gemma's V
+)
+def test_the_top_candidates_choose_what_the_full_sort_chooses(
+    dtype, V, draws, temperatures, top_ps
+):
+    """Same logits, settings and uniform number: the same token whether the nucleus is found
+    among the top candidates or by sorting the whole vocabulary, row by row, in a mixed batch
+    and in a batch of nucleus rows alone."""
+    logits, t, p, u = batch(V, draws, V, temperatures, top_ps)
+    logits = logits.to(dtype)
+    fast = select_device(logits, t, p, u, fast_top_p=True)
+    full = select_device(logits, t, p, u, fast_top_p=False)
+    assert torch.equal(fast, full), f"{(fast != full).sum()} of {len(fast)} rows differ"
+    nucleus = (t > 0) & (p < 1)
+    alone = select_device(logits[nucleus], t[nucleus], p[nucleus], u[nucleus])
+    assert torch.equal(alone, full[nucleus])
+
+
+def test_the_candidates_decide_where_they_can_and_only_there():
+    """Where the 256 candidates are certain of the full sort's token (`sure`), and where the
+    row must sort its whole vocabulary (the same token then, by the test above)."""
+    rows = shapes(4096, torch.Generator().manual_seed(7))
+
+    def decide(shape: str, top_p: float, u: float) -> tuple[int, bool]:
+        logits = rows[shape][None]  # (1, V)
+        p, draw = torch.tensor([top_p]), torch.tensor([u], dtype=torch.float64)
+        ids, sure = nucleus_from_candidates(torch.softmax(logits, -1), p, draw)
+        full = select_device(logits, torch.ones(1), p, draw, fast_top_p=False)
+        assert not sure or ids[0] == full[0]
+        return int(full[0]), bool(sure)
+
+    assert decide("peaked", 0.95, 0.3)[1] and decide("peaked", 0.999, 0.99)[1]
+    assert not decide("zipf", 0.95, 0.3)[1]  # the nucleus is larger than the candidates
+    assert decide("zipf", 0.2, 0.3)[1]
+    assert not decide("flat", 0.5, 0.3)[1]  # every token tied: the tie leaves the candidates
+    tied = torch.nonzero(rows["tied top"] == 9.0)[:, 0]  # (7,) ids in increasing order
+    assert decide("tied top", 0.5, 0.0) == (int(tied[0]), True)  # ties in id order, as sorted
+    assert decide("tied top", 0.5, 1 - 2**-53)[0] in tied.tolist()
+    # 100 likely tokens, then 1000 tied: a draw among the tied ones leaves the candidates
+    assert decide("tied boundary", 0.73, 0.0)[1]  # 71% in the 100, the rest among the tied
+    assert not decide("tied boundary", 0.73, 0.999)[1]
+    assert not decide("tied boundary", 0.99, 0.0)[1]  # the nucleus is larger than 256
+    assert decide("one", 0.9, 0.5) == (int(rows["one"].argmax()), True)  # the rest are 0
