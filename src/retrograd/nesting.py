@@ -41,16 +41,17 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class TooDeep(json.JSONDecodeError):
-    """A document nested deeper than the limit; `pos` is the bracket that went past it."""
+    """A document nested deeper than `limit`; `pos` is the bracket that went past it."""
 
-    def __init__(self, msg: str, doc: str, pos: int):
+    def __init__(self, msg: str, doc: str, pos: int, limit: int = MAX_DEPTH):
         super().__init__(msg, doc, pos)
+        self.limit = limit
         if not doc:  # a parsed value (check_value): no text, so no line and column
             ValueError.__init__(self, msg)
 
 
 def too_deep(limit: int, doc: str = "", pos: int = 0) -> TooDeep:
-    return TooDeep(f"nested more than {limit} levels deep", doc, pos)
+    return TooDeep(f"nested more than {limit} levels deep", doc, pos, limit)
 
 
 def _deepest(brackets: str) -> int:
@@ -96,13 +97,20 @@ def check_json(text: str, limit: int = MAX_DEPTH, start: int = 0, one_value: boo
         raise too_deep(limit, text, pos)
 
 
+def text_of(raw: str | bytes | bytearray) -> str:
+    """JSON bytes as text, decoded as json.loads decodes them (UTF-8, -16 or -32): a scan of
+    the bytes themselves would miss the brackets and quotes of UTF-16."""
+    if isinstance(raw, str):
+        return raw
+    return bytes(raw).decode(json.detect_encoding(raw), "surrogatepass")
+
+
 def loads(raw: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
     """`json.loads(raw)`, refusing (TooDeep) a document nested more than `limit` deep before
-    the parser sees it. Bytes are decoded as json.loads decodes them (UTF-8, -16 or -32)."""
-    if isinstance(raw, bytes | bytearray):
-        raw = bytes(raw).decode(json.detect_encoding(raw), "surrogatepass")
-    check_json(raw, limit)
-    return json.loads(raw)
+    the parser sees it."""
+    text = text_of(raw)
+    check_json(text, limit)
+    return json.loads(text)
 
 
 def raw_decode(text: str, pos: int = 0, limit: int = MAX_DEPTH) -> tuple[Any, int]:

@@ -103,7 +103,7 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
         return data
     except nesting.TooDeep as error:
         where = f":{error.lineno}:{error.colno}" if error.doc else ""
-        raise ConfigError(f"{source}{where}: invalid TOML: {error.msg}") from None
+        raise ConfigError(f"{source}{where}: invalid TOML: {error.msg}") from error
     except tomllib.TOMLDecodeError as error:
         message = str(error)
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retrograd import nesting
 from retrograd.errors import RetrogradError
 from retrograd.sampling import SampleRequest, SamplingParams
 from retrograd.sampling.batch import LiveBatch
@@ -152,14 +153,13 @@ async def _json_body(request: Request, limit: int):
         if len(raw) > limit:
             raise ApiError(413, f"request body over {limit} bytes", None, "request_too_large")
     try:
-        data = json.loads(raw)
+        data = nesting.loads(raw)
+    except nesting.TooDeep as e:
+        raise proto.too_deep(e.limit) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
-    except RecursionError:  # NOTE: Python's parser gives up on deep nesting with this
-        raise proto.too_deep() from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
-    proto.check_depth(data)
     return data
 
 

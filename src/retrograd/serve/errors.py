@@ -28,5 +28,12 @@ class ApiError(Exception):
         }
 
 
+def too_deep(limit: int, what: str = "the body") -> ApiError:
+    """`what` nests arrays and objects deeper than nesting.py allows."""
+    return ApiError(
+        400, f"{what} nests arrays and objects deeper than {limit}", None, "invalid_json"
+    )
+
+
 def model_entry(name: str, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "retrograd"}

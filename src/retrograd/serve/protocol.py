@@ -1,7 +1,7 @@
 """The OpenAI chat-completions request and response shapes, and what we refuse.
 
-A request is validated in steps: its JSON nesting depth is bounded (`check_depth`), pydantic
-checks types (strictly: `true` is not a number) and ranges, then `check_supported` refuses,
+A request is validated in steps: its JSON was read nested at most nesting.MAX_DEPTH deep
+(`app.py`; a `guided_json` schema given as text too), pydantic checks types (strictly: `true` is not a number) and ranges, then `check_supported` refuses,
 with a 400 naming the field, what this server does not do (n > 1, logprobs, penalties, a
 response_format other than text, tool_choice "required" or a named function,
 parallel_tool_calls false beside tools). vLLM's `guided_json` extension constrains the answer
@@ -20,13 +20,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from retrograd import nesting
 from retrograd.errors import DataError
 from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
-from retrograd.serve.errors import ApiError, model_entry  # noqa: F401 - re-exported
+from retrograd.serve.errors import ApiError, model_entry, too_deep  # noqa: F401 - re-exported
 from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
-
-MAX_DEPTH = 64  # nesting of JSON arrays and objects a body may have
 
 
 class ChatRequest(BaseModel):
@@ -55,26 +54,6 @@ class ChatRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     ignore_eos: bool | None = None  # vLLM's extension: end-of-generation ids do not stop
     guided_json: dict[str, Any] | str | None = None  # vLLM's extension: answer with this schema
-
-
-def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
-    """Refuse a body nested deeper than `limit` arrays and objects (walked without recursion)."""
-    todo = [(data, 1)]
-    while todo:
-        value, depth = todo.pop()
-        if isinstance(value, dict):
-            value = list(value.values())
-        elif not isinstance(value, list):
-            continue
-        if depth > limit:
-            raise too_deep(limit)
-        todo.extend((v, depth + 1) for v in value)
-
-
-def too_deep(limit: int = MAX_DEPTH) -> ApiError:
-    return ApiError(
-        400, f"the body nests arrays and objects deeper than {limit}", None, "invalid_json"
-    )
 
 
 def parse_request(data: Any) -> ChatRequest:
@@ -133,7 +112,9 @@ def guided_grammar(req: ChatRequest) -> Grammar | None:
         return None
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = nesting.loads(schema)
+        except nesting.TooDeep as e:
+            raise too_deep(e.limit, "guided_json") from None
         except json.JSONDecodeError as e:
             raise ApiError(
                 400, f"guided_json: not JSON ({e})", "guided_json", "invalid_value"

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrograd.server.problems import FieldError, Problem, not_found, pointer
+from retrograd import nesting
+from retrograd.server.problems import FieldError, Problem, not_found, pointer, too_deep
 from retrograd.server.store import iso, now_ms, write_atomic
 
 FORMATS = ("auto", "text", "jsonl", "preference-jsonl")
@@ -76,7 +77,9 @@ def _bad(where: str, message: str) -> Problem:
 def _records(text: str, media: str) -> list[Any]:
     if media == "application/json":
         try:
-            records = json.loads(text)
+            records = nesting.loads(text)
+        except nesting.TooDeep as error:
+            raise too_deep(error, f"the body is {error}") from None
         except json.JSONDecodeError as error:
             raise _bad("", f"not JSON: {error}") from None
         if not isinstance(records, list) or not records:
@@ -87,7 +90,9 @@ def _records(text: str, media: str) -> list[Any]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(nesting.loads(line))
+        except nesting.TooDeep as error:
+            raise too_deep(error, f"line {n}: {error.msg}", f"/line/{n}") from None
         except json.JSONDecodeError as error:
             raise _bad(f"/line/{n}", f"line {n}: not JSON ({error.msg})") from None
     if not records:

@@ -22,12 +22,21 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retrograd import nesting
 from retrograd.errors import RetrogradError
 from retrograd.server.links import Links
-from retrograd.server.problems import MEDIA_TYPE, FieldError, Problem, pointer, unknown_field
+from retrograd.server.problems import (
+    MEDIA_TYPE,
+    FieldError,
+    Problem,
+    pointer,
+    too_deep,
+    unknown_field,
+)
 
 log = logging.getLogger(__name__)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="retrograd"'}
@@ -187,6 +196,29 @@ def _unauthorized(query: bytes) -> Problem:
     )
 
 
+class BoundedRoute(APIRoute):
+    """A route of ours: where FastAPI parses the JSON body itself (a pydantic body parameter),
+    the body's depth is checked first (nesting.py), since json.loads recurses once a level.
+    Routes that read their body themselves do it through nesting.loads."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def bounded(request: Request):
+            body = await request.body()  # kept by the request: FastAPI reads it from there
+            try:
+                nesting.check_json(nesting.text_of(body))
+            except nesting.TooDeep as error:
+                raise too_deep(error, f"the body is {error}") from None
+            except UnicodeDecodeError:
+                pass  # not text: FastAPI's own parse says so
+            return await handler(request)
+
+        return bounded
+
+
 def trace_of(request: Request) -> str:
     return request.scope.get("state", {}).get("trace_id", "")
 
@@ -245,9 +277,12 @@ def _field_error(error: dict) -> FieldError:
 
 
 def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
-    """A JSON object body; unknown top-level fields refused with the closest known one."""
+    """A JSON object body, nested at most nesting.MAX_DEPTH deep; unknown top-level fields
+    refused with the closest known one."""
     try:
-        data = json.loads(body or b"{}")
+        data = nesting.loads(body or b"{}")
+    except nesting.TooDeep as error:
+        raise too_deep(error, f"the body is {error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise Problem(
             "invalid-request",

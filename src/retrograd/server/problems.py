@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retrograd.config.report import MISSING, Issue, _models, _unwrap
+from retrograd.nesting import TooDeep
 
 PROBLEM_BASE = "https://retrograd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
@@ -149,6 +150,18 @@ def unknown_field(pointer: str, name: str, known: typing.Iterable[str]) -> Field
 def not_found(message: str, field: str = "id") -> Problem:
     """A 404 whose one error points at the path parameter or field that named nothing."""
     return Problem("not-found", message, [FieldError(pointer(field), "not_found", message)])
+
+
+def too_deep(error: TooDeep, message: str | None = None, where: str = "") -> Problem:
+    """A body (or one of its lines, `where`) nested deeper than nesting.py allows; `message`
+    says where, when the error's own text does not."""
+    text = message or str(error)
+    return Problem(
+        "invalid-request",
+        text,
+        [FieldError(where, "unsupported_format", text)],
+        meta={"max_depth": error.limit},
+    )
 
 
 def pointer(*parts: str | int) -> str:

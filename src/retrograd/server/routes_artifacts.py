@@ -14,11 +14,12 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
+from retrograd.server.guard import BoundedRoute
 from retrograd.server.problems import Problem, not_found
 from retrograd.server.routes_runs import find_run, server_state
 from retrograd.server.store import RunRecord, iso
 
-router = APIRouter(tags=["artifacts"])
+router = APIRouter(tags=["artifacts"], route_class=BoundedRoute)
 
 
 def _artifacts(request: Request, record: RunRecord) -> list[dict[str, Any]]:

@@ -16,9 +16,10 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict
 
 from retrograd.server.documents import check_file
+from retrograd.server.guard import BoundedRoute
 from retrograd.server.problems import Problem
 
-router = APIRouter(tags=["datasets"])
+router = APIRouter(tags=["datasets"], route_class=BoundedRoute)
 MEDIA = ("application/x-ndjson", "application/jsonl", "application/json", "text/plain")
 
 

@@ -16,11 +16,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from retrograd.server.events import frame, lagged_frame
+from retrograd.server.guard import BoundedRoute
 from retrograd.server.problems import FieldError, Problem, pointer
 from retrograd.server.routes_runs import find_run, server_state
 from retrograd.server.store import TERMINAL
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], route_class=BoundedRoute)
 KEEPALIVE_SECONDS = 15.0
 
 

@@ -23,20 +23,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from retrograd.config import RunConfig, validate_run
 from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
+from retrograd.nesting import TooDeep
 from retrograd.server import forks
 from retrograd.server.documents import PATCHABLE, check_file, merge, prepare
-from retrograd.server.guard import read_json_object
+from retrograd.server.guard import BoundedRoute, read_json_object
 from retrograd.server.problems import (
     FieldError,
     Problem,
     issues_to_errors,
     not_found,
     pointer,
+    too_deep,
 )
 from retrograd.server.runner import LIVE
 from retrograd.server.store import FINISHED, TERMINAL, RunRecord, iso, new_run_id, now_ms
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], route_class=BoundedRoute)
 REQUEST_FIELDS = ("config", "params", "name", "recipe", "fork_from")
 
 
@@ -114,6 +116,8 @@ async def _run_request(request: Request) -> Asked:
         try:
             document = parse_toml(body.decode("utf-8"), "the TOML body")
         except (ConfigError, UnicodeDecodeError) as error:
+            if isinstance(error.__cause__, TooDeep):
+                raise too_deep(error.__cause__, str(error)) from None
             raise Problem(
                 "invalid-request", str(error), [FieldError("", "unsupported_format", str(error))]
             ) from None

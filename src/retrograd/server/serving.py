@@ -22,7 +22,8 @@ from pathlib import Path
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from retrograd.serve.errors import ApiError, model_entry
+from retrograd import nesting
+from retrograd.serve.errors import ApiError, model_entry, too_deep
 from retrograd.server.problems import Problem
 from retrograd.server.runner import LIVE, Runs
 from retrograd.server.store import RunRecord, RunStore
@@ -219,7 +220,7 @@ class ChatCompletions:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         try:
-            data = json.loads(body)
+            data = nesting.loads(body)
             model_id = data.get("model") if isinstance(data, dict) else None
             if not isinstance(model_id, str):
                 raise ApiError(400, "model: required, a model id (GET /v1/models)", "model")
@@ -237,7 +238,9 @@ class ChatCompletions:
                     "queue_full",
                     {"Retry-After": "1"},
                 )
-        except json.JSONDecodeError as error:
+        except nesting.TooDeep as error:
+            return await openai_error(too_deep(error.limit))(scope, receive, send)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             return await openai_error(ApiError(400, f"the body is not JSON: {error}"))(
                 scope, receive, send
             )

@@ -177,6 +177,18 @@ def test_a_deeply_nested_body_is_a_400_in_openai_shape(chat_format):
             assert r.status_code == 400, r.text
             error = r.json()["error"]
             assert error["code"] == "invalid_json" and "deeper than 64" in error["message"]
+        # JSON inside strings of the body: a schema given as text, a tool call's arguments
+        deep = "[" * 100_000 + "]" * 100_000
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}
+        for extra in (
+            {"guided_json": deep},
+            {"messages": HI + [{"role": "assistant", "content": "", "tool_calls": [call]}]},
+        ):
+            r = httpx.post(
+                url + "/chat/completions", json={"model": "tuned", "messages": HI} | extra
+            )
+            assert r.status_code == 400, r.text
+            assert "deep" in r.json()["error"]["message"], r.text  # deeper than 64, too deeply
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "seed", "temperature"])
