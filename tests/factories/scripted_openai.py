@@ -5,7 +5,7 @@
         ...  # api.base_url ends in /v1; api.requests holds every request body, in order
 
 Each POST /v1/chat/completions takes the next item of the script: a chat message (`reply`),
-an HTTP error (`status`), a function of the request body returning either, or one of these
+an HTTP error (`status`), a body sent as it is (`raw`, to script a hostile endpoint), a function of the request body returning either, or one of these
 answered late (`delay`, to script a client's timeout). A request with
 the script used up gets a 500. The bearer token must be `key` (401 otherwise). It runs under
 uvicorn on a free loopback port in a thread, so clients (httpx, the openai SDK) speak real HTTP.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ def status(code: int, body: str = "scripted failure") -> Status:
 class Delay:
     seconds: float
     item: Any
+
+
+@dataclass(frozen=True)
+class Raw:
+    body: str
+
+
+def raw(body: str) -> Raw:
+    """A 200 whose JSON body is `body` as it is (not built from a message)."""
+    return Raw(body)
 
 
 def delay(seconds: float, item: Any) -> Delay:
@@ -75,7 +85,7 @@ def reply(
 
 
 _ids = itertools.count()
-Item = dict | Status | Delay | Callable[[dict], "dict | Status"]
+Item = dict | Status | Delay | Raw | Callable[[dict], "dict | Status"]
 
 
 @dataclass
@@ -104,6 +114,8 @@ class ScriptedOpenAI:
                 item = item(body)
             if isinstance(item, Status):
                 return JSONResponse({"error": {"message": item.body}}, status_code=item.code)
+            if isinstance(item, Raw):
+                return Response(item.body, media_type="application/json")
             return JSONResponse(_completion(body, dict(item)))
 
         return app

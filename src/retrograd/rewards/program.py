@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from retrograd import nesting
 from retrograd.rewards.process import DONE, LINE_LIMIT, OVERFLOW, TIMEOUT, Channel, Child
 
 PROTOCOL = {"protocol": "retrograd-reward/1"}
@@ -57,8 +58,8 @@ class BadLine(Exception):
 
 def parse_object(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        value = nesting.loads(raw)  # nested deeper than nesting.MAX_DEPTH: TooDeep, a ValueError
+    except ValueError as exc:
         raise BadLine(f"malformed JSON ({exc})") from None
     if not isinstance(value, dict):
         raise BadLine(f"expected a JSON object, got {type(value).__name__}")

@@ -89,6 +89,10 @@ def test_killed_by_a_signal(oneshot):
         ("def reply(req):\n    return []\n", "0 reply lines for 3 requests"),
         ("def reply(req):\n    return '{\"reward\": 1'\n", "line 1: malformed JSON"),
         (
+            "def reply(req):\n    return '{\"reward\": ' + '[' * 900 + ']' * 900 + '}'\n",
+            r"line 1: malformed JSON \(nested more than 64 levels deep",
+        ),
+        (
             "def reply(req):\n    return {'reward': 1.0, 'judge_weight': 2.0}\n",
             'line 1: "judge_weight" is allowed only',
         ),

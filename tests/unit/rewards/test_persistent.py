@@ -184,6 +184,10 @@ def test_batch_timeout_ends_the_worker(persistent):
         ),
         ("def marker(req):\n    sys.exit(0)\n", "the end marker is missing"),
         ("def reply(req):\n    return 'not json'\n", "line 1: malformed JSON"),
+        (  # a reply nested past what any reader recurses through: named, with the limit
+            "def reply(req):\n    return '{\"reward\": ' + '[' * 100000 + ']' * 100000 + '}'\n",
+            r"line 1: malformed JSON \(nested more than 64 levels deep: line 1 column 75",
+        ),
         ("def reply(req):\n    return '[1, 2]'\n", "expected a JSON object, got list"),
         (
             "_reply = reply\ndef reply(req):\n    return {**_reply(req), 'reward': float('inf')}\n",

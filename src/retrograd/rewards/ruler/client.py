@@ -3,7 +3,8 @@
 `complete_json` asks for one JSON object: the first attempt with a strict JSON-schema response
 format, retries with plain `json_object` (endpoints that refuse or botch strict schemas still
 answer), each retry after 0.1 * 2**attempt seconds. Timeouts, lost connections, 5xx, 408, 429,
-replies that hold no JSON and replies `validate` refuses are retried; any other 4xx (a bad key,
+replies that hold no JSON (or JSON nested deeper than nesting.py allows, in the verdict or
+the HTTP body around it) and replies `validate` refuses are retried; any other 4xx (a bad key,
 an unknown model) is not, since asking again cannot help. An endpoint that refuses response
 formats with a 400 (`retrograd serve` does) is asked again without them, from then on: the
 prompt spells out the schema itself, and the schema goes as vLLM's `guided_json` extension
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 import openai
 
+from retrograd import nesting
 from retrograd.errors import JudgeError
 from retrograd.rewards.ruler.cache import JudgeCache, cache_key
 from retrograd.rewards.ruler.prompt import extract_json
@@ -215,7 +217,7 @@ class JudgeClient:
             start = time.perf_counter()
             self.stats.requests += 1
             try:
-                response = await api.chat.completions.create(**request)
+                raw = await api.chat.completions.with_raw_response.create(**request)
             except openai.APIStatusError as e:
                 if e.status_code < 500 and e.status_code not in (408, 429):
                     hint = self.key_hint if e.status_code == 401 else ""
@@ -223,6 +225,8 @@ class JudgeClient:
                 raise
             finally:
                 self.stats.latency_ms_total += (time.perf_counter() - start) * 1000
+        nesting.check_json(raw.text)  # TooDeep (a ValueError): the SDK's parse recurses
+        response = raw.parse()
         content = response.choices[0].message.content if response.choices else None
         if not content:
             raise ValueError("a reply without content")

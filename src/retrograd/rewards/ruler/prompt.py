@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from retrograd import nesting
 from retrograd.config.judge import JudgeContext
 
 LISTWISE_RUBRIC = (
@@ -314,8 +315,8 @@ def extract_json(text: str) -> dict[str, Any]:
     if first < 0 or last < first:
         raise JudgeReplyError("the reply holds no JSON object")
     try:
-        obj = json.loads(text[first : last + 1])
-    except json.JSONDecodeError as err:
+        obj = nesting.loads(text[first : last + 1])
+    except json.JSONDecodeError as err:  # nested too deep (nesting.TooDeep) included
         raise JudgeReplyError(f"the reply's JSON does not parse: {err}") from None
     if not isinstance(obj, dict):
         raise JudgeReplyError("the reply's JSON is not an object")

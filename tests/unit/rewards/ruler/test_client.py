@@ -12,7 +12,7 @@ import pytest
 from retrograd.errors import JudgeError
 from retrograd.rewards.ruler.cache import JudgeCache, cache_key
 from retrograd.rewards.ruler.client import JudgeClient
-from tests.factories.scripted_openai import delay, reply, scripted_openai, status
+from tests.factories.scripted_openai import delay, raw, reply, scripted_openai, status
 
 SCHEMA = {
     "type": "object",
@@ -85,6 +85,19 @@ def test_out_of_tries_raises_judge_error():
         with pytest.raises(JudgeError, match=r"3 attempt\(s\): HTTP 500.*bad reply.*bad reply"):
             ask(judge)
     assert len(api.requests) == 3
+
+
+def test_a_judge_nesting_its_reply_too_deep_is_a_judge_error_not_a_crash():
+    # the verdict's text, and the HTTP body around it: both are the judge's to write
+    deep = "[" * 100_000 + "]" * 100_000
+    body = '{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": '
+    script = [reply('{"winner": ' + deep + "}"), raw(body + deep + "}"), reply(GOOD)]
+    with scripted_openai(script) as api:
+        judge = client(api, max_retries=1)
+        with pytest.raises(JudgeError) as caught:
+            ask(judge)
+        assert str(caught.value).count("nested more than 64 levels deep") == 2, caught.value
+        assert ask(client(api)) == "b"  # the same client code, a sane reply
 
 
 @pytest.mark.parametrize("code", [400, 404, 422])
