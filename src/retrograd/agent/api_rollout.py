@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from retrograd import nesting
 from retrograd.agent.endpoint import ChatEndpoint
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
@@ -152,7 +153,7 @@ def _turn(reply: dict, names: set[str], counter: int) -> tuple[Turn, dict]:
         name = fn.get("name") or ""
         raw_args = fn.get("arguments", "{}")
         try:
-            args = raw_args if isinstance(raw_args, dict) else json.loads(raw_args or "{}")
+            args = raw_args if isinstance(raw_args, dict) else nesting.loads(raw_args or "{}")
             ok = isinstance(args, dict)
         except (TypeError, ValueError):
             args, ok = None, False

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from retrograd import nesting
 from retrograd.errors import ConfigError, RetrogradError
 
 TRANSIENT = (408, 409, 429)
@@ -84,7 +85,7 @@ class ChatEndpoint:
 
     def _message(self, reply: httpx.Response) -> dict:
         try:
-            data = reply.json()
+            data = nesting.loads(reply.content)  # nested too deep: TooDeep, a ValueError
             message = dict(data["choices"][0]["message"])
         except (ValueError, KeyError, IndexError, TypeError):
             raise EndpointError(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrograd import nesting
 from retrograd.agent.endpoint import ChatEndpoint
 from retrograd.agent.scenarios import parse_scenario, scenario_json_lines
 from retrograd.errors import DataError, RetrogradError
@@ -173,8 +174,8 @@ def parse_reply(content: str) -> list[Any] | None:
     if start < 0 or end < start:
         return None
     try:
-        value = json.loads(content[start : end + 1])
-    except ValueError:
+        value = nesting.loads(content[start : end + 1])
+    except ValueError:  # not JSON, or nested deeper than nesting.MAX_DEPTH
         return None
     if not isinstance(value, dict):
         return None

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from retrograd import nesting
 from retrograd.agent.types import Environment, Episode, Observation, ToolSpec
 from retrograd.config.agent import HttpEnvironment as HttpConfig
 from retrograd.errors import EnvironmentFailure
@@ -85,7 +86,9 @@ class HttpEnvironment(Environment):
         if not response.content:
             return None
         try:
-            return response.json()
+            return nesting.loads(response.content)
+        except nesting.TooDeep as e:
+            raise EnvironmentFailure(f"{place}: the answer is JSON {e}") from None
         except ValueError:
             raise EnvironmentFailure(f"{place}: the answer is not JSON") from None
 

@@ -11,7 +11,7 @@ import pytest
 from retrograd.agent.api_rollout import Limits, api_groups, rollout, wire_messages
 from retrograd.agent.endpoint import ChatEndpoint, EndpointError, api_key
 from retrograd.errors import ConfigError
-from tests.factories.scripted_openai import reply, scripted_openai, status
+from tests.factories.scripted_openai import raw, reply, scripted_openai, status
 from tests.unit.agent.counter_env import CounterEnv, scenario
 
 
@@ -94,6 +94,22 @@ def test_malformed_and_unknown_calls_are_failed_turns():
     assert [s[2] for s in env.steps] == ["add"]  # neither failed call reached the episode
     # the malformed arguments go back to the endpoint as they came
     assert requests[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{not json"
+
+
+def test_arguments_nested_too_deep_are_a_failed_turn_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    script = [reply("", calls=[("add", '{"n": ' + deep + "}")]), reply("", calls=[("done", {})])]
+    with scripted_openai(script) as api, endpoint(api) as ep:
+        t = rollout(ep, CounterEnv(), scenario(), 0, 0, Limits(max_turns=2))
+    assert [turn.valid for turn in t.turns] == [False, True]
+    assert t.messages[2]["content"] == "arguments of 'add' are not a JSON object"
+
+
+def test_an_endpoint_nesting_its_answer_too_deep_is_an_endpoint_error():
+    body = '{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": '
+    with scripted_openai([raw(body + "[" * 100_000 + "]" * 100_000 + "}")]) as api:
+        with endpoint(api) as ep, pytest.raises(EndpointError, match="not a chat completion"):
+            ep.complete([{"role": "user", "content": "hi"}])
 
 
 def test_max_failed_turns_cuts_and_no_call_can_continue():

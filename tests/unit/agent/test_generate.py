@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retrograd.agent.endpoint import ChatEndpoint
+from retrograd.agent.endpoint import ChatEndpoint, EndpointError
 from retrograd.agent.generate import (
     build_prompt,
     catalog_text,
@@ -25,7 +25,7 @@ from retrograd.cli.main import main
 from retrograd.config.agent import ScenarioGeneration
 from retrograd.errors import DataError
 from tests.factories.env_server import env_server
-from tests.factories.scripted_openai import reply, scripted_openai, status
+from tests.factories.scripted_openai import raw, reply, scripted_openai, status
 from tests.unit.agent.counter_env import TOOLS
 
 KEY_ENV = "RETRO_TEST_GENERATE_KEY"
@@ -104,6 +104,21 @@ def test_replies_are_read_from_the_first_brace_to_the_last():
     assert parse_reply('{"id": "y", "user": "u"}') == [{"id": "y", "user": "u"}]
     assert parse_reply("[1, 2]") is None and parse_reply("{broken") is None
     assert parse_reply('{"other": 1}') is None
+
+
+def test_a_reply_nested_too_deep_is_unreadable_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    assert parse_reply('{"scenarios": ' + deep + "}") is None
+    gen = settings(count=1, batch_size=1)
+    with scripted_openai([reply('Here: {"scenarios": ' + deep + "}"), batch("a")]) as api:
+        with endpoint(api) as ep:
+            result = generate(gen, build_prompt(gen, []), ep, seed=0)
+    assert [s["id"] for s in result.scenarios] == ["a"] and result.unreadable == 1
+    # the HTTP body itself: the endpoint is broken, said so, not a RecursionError
+    body = '{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": '
+    with scripted_openai([raw(body + deep + "}")]) as api, endpoint(api) as ep:
+        with pytest.raises(EndpointError, match="not a chat completion"):
+            generate(gen, build_prompt(gen, []), ep, seed=0)
 
 
 def test_retries_on_server_errors():

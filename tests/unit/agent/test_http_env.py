@@ -143,6 +143,20 @@ def test_a_malformed_step_reply_fails_the_trajectory(server):
     env.close()
 
 
+@pytest.mark.parametrize("levels", [900, 100_000])
+def test_a_reply_nested_too_deep_fails_the_trajectory_naming_the_limit(server, levels):
+    # 900 levels parse, then overflow whatever reads them recursively (a judge's prompt)
+    env = environment(server)
+    episode = env.open(scenario(), 0)
+    server.raw_step = '{"result": {"content": "ok"}, "x": ' + "[" * levels + "]" * levels + "}"
+    try:
+        with pytest.raises(EnvironmentFailure, match="/step: the answer is JSON nested more than 64"):
+            episode.step("add", {"by": 1})
+    finally:
+        server.raw_step = None
+        env.close()
+
+
 def test_timeout_names_the_route(server):
     env = environment(server, request_timeout_secs=0.2)
     episode = env.open(scenario(), 0)
