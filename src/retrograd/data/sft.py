@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrograd import nesting
 from retrograd.errors import DataError
 from retrograd.tokenizer.records import validate_record
 
@@ -138,10 +139,10 @@ def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
 
 def json_records(path: Path, raw: bytes) -> Iterator[tuple[str, object]]:
     """(place, decoded JSON value) of each non-blank line (jsonl_lines); DataError naming the
-    line that is not valid JSON."""
+    line that is not valid JSON, or nested deeper than nesting.MAX_DEPTH."""
     for place, text in jsonl_lines(path, raw):
         try:
-            yield place, json.loads(text)
+            yield place, nesting.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
 
@@ -177,8 +178,8 @@ def _jsonl(path: Path, raw: bytes, chat, ctx: int) -> tuple[list[Example], int, 
     examples, rows, truncated, dropped = [], 0, 0, 0
     for where, line in jsonl_lines(path, raw):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
+            record = nesting.loads(line)
+        except json.JSONDecodeError as e:  # nested too deep (nesting.TooDeep) included
             raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
         messages, tools = validate_record(record, where, chat.tool_format, require_assistant=True)
         enc = chat.encode(messages, tools or None)

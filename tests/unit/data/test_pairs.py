@@ -138,6 +138,7 @@ def test_a_tool_pair_spans_turns_and_is_normalized(tmp_path):
     "line,message",
     [
         ("{not json", r"pairs.jsonl:2: invalid JSON"),
+        ('{"prompt": ' + "[" * 900 + "]" * 900 + "}", r"pairs.jsonl:2: invalid JSON \(nested more"),
         ('["a"]', r"pairs.jsonl:2: a pair must be a JSON object"),
         ({"prompt": [user("q")], "rejected": [assistant("r")]}, r'pairs.jsonl:2: missing "chosen"'),
         ({"chosen": [assistant("c")], "rejected": [assistant("r")]}, r'missing "prompt"'),

@@ -92,6 +92,10 @@ def test_long_rows_are_truncated_and_empty_ones_dropped(gemma_chat, tmp_path):
     "line, message",
     [
         ("{oops", "c.jsonl:2: invalid JSON"),
+        (  # not a RecursionError: named like any other bad line
+            '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            r"c.jsonl:2: invalid JSON \(nested more than 64 levels deep at column 77\)",
+        ),
         ('{"messages": []}', 'c.jsonl:2: "messages" must be a non-empty list'),
         (
             '{"messages": [{"role": "user", "content": "only a question"}]}',
