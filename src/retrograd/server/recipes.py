@@ -39,6 +39,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from retrograd import nesting
 from retrograd.server.config import ServerConfig, parse_budget
 from retrograd.server.documents import check_file
 from retrograd.server.problems import FieldError, Problem, pointer
@@ -453,7 +454,7 @@ class Recipe:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = nesting.loads(line)  # nested too deep: TooDeep, a ValueError
                 if kind == "prompts":
                     out.append(len(chat.encode(record["messages"], record.get("tools")).ids))
                 else:

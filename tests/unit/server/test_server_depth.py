@@ -104,3 +104,17 @@ def test_the_limit_itself_is_allowed(client):
         r = client.post("/v1/plan", json=None, content='{"config": {"x": ' + depth_of_config + "}}")
         assert r.status_code == 422
         assert ("nested more than" in r.json()["detail"]) is nested, r.json()["detail"]
+
+
+def test_a_recipes_data_line_nested_too_deep_names_the_line(client, tmp_path):
+    # a file on the server's disk, read to fit the context: the same limit as a body's
+    from tests.factories.agents import CHAT_TEMPLATE
+    from tests.factories.tiny_gguf import write_tiny
+
+    model = write_tiny(tmp_path / "tiny.gguf", "llama", chat_template=CHAT_TEMPLATE)
+    data = tmp_path / "chat.jsonl"
+    data.write_text(CHAT + "\n" + '{"messages": ' + DEEP + "}\n")
+    recipe = {"model": str(model), "data": {"path": str(data)}, "objective": "instruction-tuning"}
+    r = client.post("/v1/plan", json={"recipe": recipe})
+    assert r.status_code == 422, r.text[:300]
+    assert "chat.jsonl:2: not a chat-jsonl record (nested more than 64 levels deep" in r.text
