@@ -20,7 +20,7 @@ import retrograd.algorithms.agent_grpo as agent_grpo
 from retrograd.cli.main import main
 from retrograd.config import load_run
 from retrograd.errors import DataError, TrainingError
-from tests.e2e.test_train_grpo import sinks
+from tests.e2e.test_train_grpo import phase_seconds, sinks
 from tests.e2e.test_train_sft import scalars
 from tests.factories.agents import CHAT_TEMPLATE, Scripted, call
 from tests.factories.run_files import write_run_file
@@ -199,6 +199,37 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
     assert len(outcomes) == 32 and any(e["trained"] for e in outcomes)
     assert all(e["trained"] == (e["skip_reason"] is None) for e in outcomes)
     assert {r["type"] for r in records} >= {"selection", "outcome", "update"}
+
+
+def test_profile_reports_agentic_phases_and_writes_nothing(
+    chat_model, tmp_path, monkeypatch, capsys
+):
+    """`retrograd profile` on an agent_grpo run: forced turns in a local sandbox, the shortened
+    workload (scenarios x group 4, one optimizer pass), every phase measured, nothing of what
+    the run file names written (output, observe, metrics)."""
+    force(monkeypatch, writes_target)
+    run = write_run(
+        tmp_path,
+        chat_model,
+        observe='directory = "obs"',
+        metrics='tensorboard_dir = "tb"',
+        evaluation='data = "scenarios.jsonl"',
+    )
+    assert main(["profile", str(run), "--prompts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "agent_grpo, 1 updates x 2 scenarios x group 4, 1 epoch(s), up to 96 new tokens a turn"
+        in out
+    )
+    assert "backend: device cpu, compute float32" in out and "peak host memory" in out
+    rows = phase_seconds(out)
+    phases = ["initialization", "generation", "tools and episodes", "judge", "reference scoring"]
+    assert list(rows) == [*phases, "optimizer", "other", "total"], out
+    for phase in ("generation", "tools and episodes", "optimizer"):
+        assert rows[phase] > 0, rows
+    assert "optimizer steps: 1 (none where every group scored alike)" in out
+    for name in ("out", "obs", "tb"):
+        assert not (tmp_path / name).exists(), name
 
 
 REPO = Path(__file__).resolve().parents[2]

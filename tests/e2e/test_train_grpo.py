@@ -138,10 +138,43 @@ def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
         training={"lr": 1e-3, "fast_sampling_context": False},
     )
     run_grpo(load_run(run), run_file=run, sinks=sinks())
-    clipped = scalars(tmp_path / "tb", "policy/clip_fraction")
-    assert clipped and all(v == 0.0 for v in clipped.values())
-    gap = scalars(tmp_path / "tb", "policy/sampler_logprob_gap")
+    tb = tmp_path / "tb"
+    for tag in ("policy/clip_fraction", "policy/clip_fraction_low", "policy/clip_fraction_high"):
+        clipped = scalars(tb, tag)
+        assert clipped and all(v == 0.0 for v in clipped.values()), tag
+    for tag in ("policy/ratio_min", "policy/ratio_mean", "policy/ratio_max"):
+        assert set(scalars(tb, tag).values()) == {1.0}, tag
+    gap = scalars(tb, "policy/sampler_logprob_gap")
     assert gap and all(0 <= v < 1e-4 for v in gap.values()), gap
+    # the sampled tokens' mean -log p: an estimate of the entropy, far from 0 on a random model
+    assert all(v > 0.5 for v in scalars(tb, "policy/entropy").values())
+    assert all(v > 0 for v in scalars(tb, "optimizer/grad_norm").values())
+    steps = scalars(tb, "optimizer/steps")
+    assert steps and all(v == step for step, v in steps.items()), steps
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_second_pass_with_the_same_weights_reads_ratios_of_exactly_one(
+    chat_model, tmp_path, monkeypatch, dtype
+):
+    """grpo_epochs = 2 at a rate too small to change any forward value: the second pass scores
+    the answers in the first pass's passes (docs/exactness.md, "Batch mates"), so its ratios
+    are exactly 1 in either compute dtype, whatever kernels the CPU picks for those shapes."""
+    from retrograd.algorithms.grpo import run_grpo
+
+    monkeypatch.setenv("RETRO_DTYPE", dtype)
+    run = write_run(
+        tmp_path,
+        chat_model,
+        {"updates": 2, "grpo_epochs": 2},
+        metrics='tensorboard_dir = "tb"',
+        training={"lr": 1e-30, "micro_batch": 32, "gradient_accumulation": None},
+    )
+    run_grpo(load_run(run), run_file=run, sinks=sinks())
+    tb = tmp_path / "tb"
+    assert len(scalars(tb, "optimizer/grad_norm")) >= 1
+    for tag in ("policy/ratio_min", "policy/ratio_max"):
+        assert set(scalars(tb, tag).values()) == {1.0}, (tag, scalars(tb, tag))
 
 
 def test_a_small_generation_batch_trains_what_the_default_trains(chat_model, tmp_path, monkeypatch):
@@ -364,13 +397,37 @@ def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys,
     assert "grpo bench" in out and "base" in out and "adapter.gguf" in out
 
 
+def phase_seconds(out: str) -> dict[str, float]:
+    """The rows of profile's phase table: {phase: seconds}."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│┃|").split("│")]
+        if len(cells) == 3 and cells[2].endswith("%"):
+            rows[cells[0]] = float(cells[1])
+    return rows
+
+
 def test_profile_reports_phases_and_writes_nothing(chat_model, tmp_path, capsys):
-    run = write_run(tmp_path, chat_model, metrics='tensorboard_dir = "tb"')
+    run = write_run(
+        tmp_path,
+        chat_model,
+        metrics='tensorboard_dir = "tb"',
+        training={"max_gpu_duty_cycle": 0.5},
+    )
     assert main(["profile", str(run), "--updates", "1", "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
-    for phase in ("initialization", "generation", "reward", "optimizer", "peak host memory"):
-        assert phase in out
-    assert "1 updates x 3 prompts x group 4" in out
+    for line in ("peak host memory", "backend: device cpu, compute float32"):
+        assert line in out
+    assert (
+        "duty cycle: gpu_duty_cycle_requested: 0.5; gpu_duty_cycle_active: false; "
+        "gpu_duty_cycle_reason: cpu_backend" in out
+    )
+    assert "grpo, 1 updates x 3 prompts x group 4, 1 epoch(s), up to 4 new tokens" in out
+    rows = phase_seconds(out)
+    phases = ["initialization", "generation", "reward", "judge", "reference scoring"]
+    assert list(rows) == [*phases, "optimizer", "other", "total"], out
+    assert rows["generation"] > 0 and rows["reward"] > 0 and rows["optimizer"] > 0, rows
+    assert "optimizer steps: 1 (none where every group scored alike)" in out
     assert not (tmp_path / "out").exists() and not (tmp_path / "tb").exists()
 
 
@@ -382,7 +439,26 @@ def test_profile_refuses_sft_before_loading(chat_model, tmp_path, capsys):
     )
     (tmp_path / "d.txt").write_text("x")
     assert main(["profile", str(run)]) != 0
-    assert "profile runs grpo workloads" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "profile runs grpo and agent_grpo workloads" in err
+    assert "(sft, ppo, preference, distill: `retrograd bench` measures them)" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--group-size", "1"], "--group-size 1: must be 2 to 256"),
+        (["--micro-batch", "48"], "[training].micro_batch = 48: must divide ctx (64)"),
+        (["--prompts", "0"], "--prompts 0: must be at least 1"),
+    ],
+    ids=["group", "micro-batch", "prompts"],
+)
+def test_profile_refuses_a_workload_the_rules_refuse(chat_model, tmp_path, capsys, flags, expected):
+    """The shortened file is validated again, before the model loads."""
+    run = write_run(tmp_path, chat_model)
+    assert main(["profile", str(run), *flags]) == 1
+    err = capsys.readouterr().err
+    assert expected in err, err
 
 
 FAILING = r"""

@@ -84,3 +84,8 @@ def configure(fraction: float, device: torch.device) -> DutyCycle:
 
 def tick() -> None:
     _CURRENT.tick()
+
+
+def current() -> DutyCycle:
+    """The limiter of the run this process started last (its report and observed share)."""
+    return _CURRENT

@@ -1,11 +1,18 @@
-"""Evaluate without training: loss and perplexity on assistant tokens (sft runs), or the
-reward distribution of generated answers (ppo and grpo runs).
+"""Evaluate without training: the base model, and an adapter beside it, on the same examples.
+
+What it measures follows [run].algorithm (BENCHES):
+  sft          loss and perplexity on assistant tokens
+  ppo, grpo    the reward distribution of one sampled answer per prompt
+  distill      KL to the teacher, top-1 agreement and perplexity (loads the teacher)
+  agent_grpo   not supported (its held-out evaluation runs inside `train`)
+  preference   not supported (a run with [evaluation] reports its preference accuracy)
 
 Without --adapter it measures the base model; with it, the base model and the adapter on the
 same examples, side by side. --data defaults to [evaluation].data. For ppo and grpo, one
 answer per prompt is sampled as the run samples ([ppo.sampling] or [grpo.sampling], fixed
-seeds: the base model and the adapter answer with the same random numbers) and scored by the run's reward program; the
-table gives mean, standard deviation, quartiles and the share of answers above 0.
+seeds: the base model and the adapter answer with the same random numbers) and scored by the
+run's reward program; the table gives mean, standard deviation, quartiles and the share of
+answers above 0.
 
 Scores in float32, whatever the device's fast dtype: the model's logits equal llama.cpp's on
 the same weights and the loss is their log-softmax in float32 (docs/exactness.md). On a CPU
@@ -30,6 +37,14 @@ from rich.table import Table
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError, RetrogradError
 
+# [run].algorithm -> what bench measures of it; the other algorithms are refused
+BENCHES = {
+    "sft": "loss",
+    "ppo": "rewards",
+    "grpo": "rewards",
+    "distill": "KL to the teacher",
+}
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG.toml", help="the run file")
@@ -52,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
 
     cfg = load_run(args.config, model=args.model, device=args.device)
-    if cfg.run.algorithm not in ("sft", "ppo", "grpo", "distill"):
+    if cfg.run.algorithm not in BENCHES:
         raise ConfigError(
             f"{args.config}: bench for [run].algorithm = {cfg.run.algorithm!r} "
-            "is not available in this version (sft, ppo, grpo and distill are)"
+            f"is not available in this version ({', '.join(BENCHES)} are)"
         )
     data = args.data or (str(cfg.evaluation.data) if cfg.evaluation else None)
     if data is None and cfg.run.algorithm == "distill" and cfg.distill.mode == "topk_offline":

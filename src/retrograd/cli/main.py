@@ -10,17 +10,30 @@ import importlib
 import sys
 
 from retrograd import __version__
+from retrograd.cli.bench import BENCHES
+from retrograd.cli.profile import PROFILED
+from retrograd.cli.train import LOOPS
 from retrograd.errors import RetrogradError
 
-# name -> (module, one-line help). Modules import torch only inside run().
+
+def _benched() -> str:
+    """'loss (sft), rewards (ppo, grpo), ...': what bench measures, from its table."""
+    by_measure: dict[str, list[str]] = {}
+    for algorithm, measure in BENCHES.items():
+        by_measure.setdefault(measure, []).append(algorithm)
+    return ", ".join(f"{m} ({', '.join(names)})" for m, names in by_measure.items())
+
+
+# name -> (module, one-line help). Modules import torch only inside run(). The algorithms a
+# line names come from the commands' own tables, so that a new algorithm cannot be left out.
 COMMANDS = {
     "train": (
         "retrograd.cli.train",
-        "train as a run file describes (sft, grpo, preference, distill, agent_grpo)",
+        f"train as a run file describes ({', '.join(LOOPS)})",
     ),
     "bench": (
         "retrograd.cli.bench",
-        "measure the base model and an adapter: loss (sft) or rewards (grpo)",
+        f"measure the base model and an adapter: {_benched()}",
     ),
     "distill-teacher": (
         "retrograd.cli.distill_teacher",
@@ -28,7 +41,7 @@ COMMANDS = {
     ),
     "profile": (
         "retrograd.cli.profile",
-        "time and memory per phase of a short GRPO workload",
+        f"time and memory per phase of a short {' or '.join(PROFILED)} workload",
     ),
     "inspect": (
         "retrograd.cli.inspect",

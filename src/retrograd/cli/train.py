@@ -1,4 +1,4 @@
-"""Train: run the algorithm of [run].algorithm as the run file describes it.
+"""Train: run [run].algorithm (sft, ppo, grpo, preference, distill or agent_grpo) as the file says.
 
 The run file is validated first (every problem at once, before any model is loaded). --resume
 continues from the given checkpoint (a .state directory, or the adapter exported beside it),
