@@ -4,7 +4,10 @@
 #   2. .cache/containers/containers.conf: runc, cgroupfs, a file events logger and explicit
 #      nofile/nproc ulimits (crun and the default rlimits fail on these machines);
 #   3. localhost/retrograd-agent:bookworm, a Debian minbase root with python3 and the builtin
-#      tools' commands, user runner (uid 1000), /work mode 1777, imported into podman.
+#      tools' commands, user runner (uid 1000), /work mode 1777, imported into podman; and the
+#      isolation tests' traps: ways to root that only setuid opens (a setuid-root copy of id,
+#      sudo for runner without a password, root without a password), which the containers'
+#      no-new-privileges must keep shut.
 # Idempotent: an image of this RECIPE is kept (RETRO_AGENT_IMAGE_REBUILD=1 rebuilds it). About
 # 100 s from scratch, under a second when done. Exits non-zero, saying why, when it cannot.
 # Use the containers.conf it writes: export CONTAINERS_CONF=.cache/containers/containers.conf
@@ -15,7 +18,7 @@ SUITE=bookworm
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=$ROOT/.cache/containers
 CONF=$DIR/containers.conf
-RECIPE=3 # bump when the image changes: an image of another recipe is rebuilt
+RECIPE=4 # bump when the image changes: an image of another recipe is rebuilt
 PATHS=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 say() { echo "agent-image: $*" >&2; }
@@ -65,13 +68,20 @@ build_image() {
     say "debootstrap $SUITE from $(mirror) (about 100 s)"
     # python3 and pytest (the python toolset's run_tests) for scripts and verify commands;
     # procps for /usr/bin/kill and ps (minbase has only the shell builtin); sh, findutils,
-    # grep and coreutils (timeout, sleep) come with minbase.
-    debootstrap --variant=minbase --include=python3,python3-pytest,procps "$SUITE" "$rootfs" \
+    # grep, coreutils (timeout, sleep) and util-linux (su, unshare, nsenter, ipcrm) come with
+    # minbase; sudo is one of the traps.
+    debootstrap --variant=minbase --include=python3,python3-pytest,procps,sudo "$SUITE" "$rootfs" \
         "$(mirror)" >"$DIR/debootstrap.log" 2>&1 || {
         say "debootstrap failed, see $DIR/debootstrap.log"
         return 1
     }
     chroot "$rootfs" useradd -u 1000 -m -s /bin/sh runner
+    # The traps: each makes uid 1000 root wherever setuid is honoured (tests/unit/agent/
+    # test_container_isolation.py checks both that they do and that a sandbox keeps them shut).
+    echo 'runner ALL=(ALL:ALL) NOPASSWD: ALL' >"$rootfs/etc/sudoers.d/runner"
+    chmod 0440 "$rootfs/etc/sudoers.d/runner"
+    chroot "$rootfs" passwd -q -d root
+    install -m 4755 "$rootfs/usr/bin/id" "$rootfs/usr/local/bin/suid-id"
     install -d -m 1777 "$rootfs/work" # a tmpfs on /work takes this mode
     rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/* "$rootfs"/usr/share/doc \
         "$rootfs"/usr/share/man "$rootfs"/usr/share/info "$rootfs"/usr/share/locale \
@@ -88,7 +98,8 @@ smoke() {
     podman run --rm --network=none --read-only --tmpfs /work:rw,exec,size=16m,mode=1777 \
         --user 1000:1000 --cap-drop=ALL --security-opt no-new-privileges --pids-limit=64 \
         -w /work "$IMAGE" sh -c 'python3 -c "import os; print(os.getuid())" &&
-            find /work -maxdepth 0 -printf "%m\n" && command -v timeout kill grep ls cat mkdir >/dev/null'
+            find /work -maxdepth 0 -printf "%m\n" && command -v timeout kill grep ls cat mkdir >/dev/null &&
+            command -v sudo su unshare nsenter mount chroot ipcrm >/dev/null && test -u /usr/local/bin/suid-id'
 }
 
 install_packages

@@ -2,9 +2,11 @@
 of its own, leased from a pool, through a Docker-compatible CLI.
 
 `ContainerSpec` is how every container of a pool starts (no network, read-only root, a tmpfs
-/work, uid 1000, no capabilities, resource limits) and what it refuses (root, a mount that
-exposes the engine's socket); `ContainerSandbox` runs one command at a time with `<cli> exec`;
-`ContainerPool` starts, leases, resets and removes containers, and reaps those a crashed run
+/work, no capabilities, no namespaces (agent/seccomp.py), no log, resource limits, an init of
+another uid than the commands') and what it refuses (root, a mount that exposes the engine's
+socket); `ContainerSandbox` runs one command at a time with `<cli> exec` as uid 1000 and then
+kills every process of that uid, so that nothing but init outlives a call; `ContainerPool`
+starts, leases, resets (and checks) and removes containers, and reaps those a crashed run
 left behind. The CLI is podman when present, else docker (which honours DOCKER_HOST);
 RETRO_CONTAINER_CLI overrides both. Nothing here knows about tools or scenarios: they reach a
 container through Sandbox.exec (agent/sandbox_env.py).
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrograd.agent.sandbox_env import PoolStats, SandboxEnvironment, SandboxPool
+from retrograd.agent.seccomp import write_profile
 from retrograd.agent.tools.catalog import load_catalog
 from retrograd.agent.types import ExecResult, Sandbox
 from retrograd.config import agent as agent_config
@@ -38,10 +41,11 @@ from retrograd.errors import ConfigError, EnvironmentFailure
 
 CLI_VARIABLE = "RETRO_CONTAINER_CLI"
 WORKDIR = "/work"
-USER = "1000:1000"
+USER = "1000:1000"  # every command's
+# pid 1's: not the commands' uid, so that no command can signal, stop, ptrace or write for it
+INIT_USER = "65534:65534"
 POOL_LABEL = "retrograd.pool"
 HOST_LABEL, PID_LABEL, START_LABEL = "retrograd.host", "retrograd.pid", "retrograd.pid_start"
-MARK = "RETROGRAD_EXEC"  # set on each command, so its whole process tree can be found
 # profile -> (image, where cache_volume is mounted). NOTE: the mount is read-only, which pip
 # refuses as its own cache (PIP_CACHE_DIR): setup commands read it as a wheelhouse instead.
 PROFILES = {
@@ -58,34 +62,67 @@ GRACE_SECS = 15.0  # how long `<cli> exec` may run past the command's own timeou
 CLI_TIMEOUT_SECS = 120.0  # run, rm, ps, inspect
 ACQUIRE_TIMEOUT_SECS = 600.0  # waiting for a free container, rather than deadlocking
 _CHUNK = 1 << 16
+MAX_ZOMBIES = 4  # a container with more (init no longer reaps) is replaced, not leased
 
-# Runs every command: `timeout` kills it at the deadline, then every process that inherited
-# this command's mark is killed too (its children, those that left its process group
-# included), so nothing a command started outlives it, as in a local sandbox. NOTE: sh
-# reports a child killed by a signal ("Killed") on the stderr it holds while it waits; that
-# is /dev/null here (the inner sh hands the command the real one, fd 4), for a local sandbox
-# reports nothing either. "not found" is worded as a shell (and a local sandbox) words it.
-WRAPPER = r"""
-t=$1; m=$2; shift 2
+# Kills every process of the caller's uid but the caller (kill -1 spares it and the
+# namespace's init, which is another uid anyway), again and again until none is left: a fork
+# bomb's children born during one pass die in the next, and a zombie still counts until init
+# has reaped it. Bounded (about 5 s); what is then left is reported by the caller.
+REAP = """
+n=0
+while kill -9 -1 2>/dev/null && [ $n -lt 600 ]; do
+    n=$((n + 1))
+    [ $n -lt 100 ] || sleep 0.01 2>/dev/null
+done
+"""
+# Runs every command: `timeout` kills it at the deadline, then REAP kills everything it left
+# (children, a setsid or nohup job, a double fork, a process ignoring SIGTERM), so that the
+# call's output ends with it. NOTE: sh reports a child killed by a signal ("Killed") on the
+# stderr it holds while it waits; that is /dev/null here (the inner sh hands the command the
+# real one, fd 4), for a local sandbox reports nothing either. "not found" is worded as a
+# shell (and a local sandbox) words it. A command can kill or stop this wrapper (same uid),
+# so REAPER runs after it, from outside the command's reach.
+WRAPPER = (
+    r"""
+t=$1; shift
 command -v "$1" >/dev/null 2>&1 || { echo "$1: command not found" >&2; exit 127; }
 exec 4>&2
 { sh -c 'exec timeout --foreground -s KILL "$@" 2>&4 4>&-' sh "$t" "$@"; } 2>/dev/null
 rc=$?
-for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    [ "$pid" = $$ ] && continue
-    grep -qxz "@MARK@=$m" "$p/environ" 2>/dev/null && kill -9 "$pid" 2>/dev/null
-done
-exit $rc
-""".replace("@MARK@", MARK)
-# pid 1 of every container: idles, and reaps the orphans a command leaves (its `wait` takes
-# any child), which would otherwise stay zombies and count against the pids limit.
-IDLE = "while :; do sleep 3600 & wait; done"
-# Between two leases of a container: kill every process but pid 1 (kill -1 spares the caller
-# and the namespace's init), then empty /work, directories the model made read-only included.
+exec >/dev/null 2>&1 4>&-
+"""
+    + REAP
+    + "exit $rc\n"
+)
+# After every command, in an `exec` of its own: exit 0 once nothing of the uid is left.
+REAPER = REAP + "! kill -0 -1 2>/dev/null\n"
+# pid 1 of every container, a single process: writes nothing (no byte reaches the engine's
+# log or the host), idles, and leaves no zombie: with SIGCHLD ignored the kernel reaps the
+# orphans a command leaves as they exit (sh's `trap '' CHLD` is not kept across exec; GNU
+# env's --ignore-signal is). NOTE: alone, so that kill -1 as the commands' uid fails (ESRCH)
+# exactly when nothing else is left: it counts the processes it may not signal too.
+IDLE = "exec env --ignore-signal=CHLD sleep infinity </dev/null >/dev/null 2>&1"
+# Before a container's next lease: no process of the last one, nothing it wrote (/work, and
+# /dev/shm, /dev/mqueue and SysV IPC, the other places a uid-1000 process can write to), and
+# a healthy init (sleeping in its wait, not traced, few zombies); else it is replaced.
 RESET = (
-    "kill -9 -1 2>/dev/null; chmod -R u+rwX /work 2>/dev/null; "
-    'find /work -mindepth 1 -delete && [ -z "$(ls -A /work)" ]'
+    REAP
+    + r"""
+kill -0 -1 2>/dev/null && exit 3
+chmod -R u+rwX /work /dev/shm /dev/mqueue 2>/dev/null
+find /work /dev/shm /dev/mqueue -mindepth 1 -delete 2>/dev/null
+for d in /work /dev/shm /dev/mqueue; do [ ! -d $d ] || [ -z "$(ls -A $d)" ] || exit 4; done
+! command -v ipcrm >/dev/null 2>&1 || ipcrm -a 2>/dev/null
+for f in /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem; do
+    [ ! -e $f ] || [ "$(wc -l < $f)" -le 1 ] || exit 5
+done
+read -r s < /proc/1/stat
+s=${s##*) }
+case ${s%% *} in S|R) ;; *) exit 6 ;; esac
+grep -q '^TracerPid:[[:space:]]*0$' /proc/1/status || exit 6
+z=$(grep -l '^State:[[:space:]]*Z' /proc/[0-9]*/status 2>/dev/null | wc -l)
+[ "$z" -le @MAX_ZOMBIES@ ] || exit 7
+""".replace("@MAX_ZOMBIES@", str(MAX_ZOMBIES))
 )
 
 
@@ -121,6 +158,17 @@ def _engine_cwd() -> str:
         _engine_dir = tempfile.mkdtemp(prefix="retrograd-engine-")
         atexit.register(shutil.rmtree, _engine_dir, True)
     return _engine_dir
+
+
+_profile_lock = threading.Lock()
+
+
+def _seccomp_profile() -> str:
+    """The path of agent/seccomp.py's profile, written once into the engine's directory."""
+    with _profile_lock:
+        folder = _engine_cwd()
+        path = os.path.join(folder, "seccomp.json")
+        return path if os.path.exists(path) else write_profile(folder)
 
 
 def _cli(cli: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -289,12 +337,17 @@ class ContainerSpec:
         return spec
 
     def check(self, where: str = "cache_volume") -> None:
-        """Refuse a root user and any mount of a container engine's socket."""
+        """Refuse a root user, the init's user, and any mount of a container engine's socket."""
         uid, _, gid = self.user.partition(":")
         if not uid.isdigit() or int(uid) == 0 or (gid and (not gid.isdigit() or int(gid) == 0)):
             raise ConfigError(
                 f"container user {self.user!r}: containers run as a non-root numeric "
                 "uid:gid (1000:1000), never as root"
+            )
+        if uid == INIT_USER.partition(":")[0]:
+            raise ConfigError(
+                f"container user {self.user!r}: the containers' init runs as {INIT_USER}, out "
+                "of the commands' reach; commands need another uid (1000:1000)"
             )
         if self.cache_volume is None:
             return
@@ -311,8 +364,9 @@ class ContainerSpec:
         if self.cache_dir is None:
             raise ConfigError(f"{where}: a cache volume needs the profile's cache directory")
 
-    def run_args(self, labels: dict[str, str], podman: bool = False) -> list[str]:
-        """`run` arguments of a detached, idle container (what `exec` then runs in)."""
+    def run_args(self, labels: dict[str, str], *, podman: bool, seccomp: str) -> list[str]:
+        """`run` arguments of a detached, idle container (what `exec` then runs in), for
+        docker or podman; `seccomp` is the path of agent/seccomp.py's profile."""
         self.check()
         mb, nofile, nproc = self.memory_mb, self.nofile, self.nproc
         args = ["run", "--detach", "--rm", "--stop-timeout=0", "--read-only"]
@@ -321,10 +375,15 @@ class ContainerSpec:
         if not self.allow_network:
             args.append("--network=none")
         args += [
+            # No log: pid 1 writes nothing, and nothing a command writes reaches the host's
+            # disk (a log of pid 1's stdout grew without bound, whatever the memory limit).
+            "--log-driver=none",
             f"--tmpfs={WORKDIR}:rw,exec,size={mb}m,mode=1777",  # counts against --memory anyway
-            f"--user={self.user}",
+            f"--user={INIT_USER}",  # pid 1's; commands run as self.user (ContainerSandbox)
             "--cap-drop=ALL",
             "--security-opt=no-new-privileges",
+            f"--security-opt=seccomp={seccomp}",  # no namespaces, mounts, keyrings
+            "--ipc=private",  # its own SysV IPC and /dev/mqueue, whatever the engine's default
             f"--memory={mb}m",
             f"--memory-swap={mb}m",
             f"--cpus={self.cpus:g}",
@@ -345,7 +404,12 @@ class ContainerSpec:
 
 
 class ContainerSandbox(Sandbox):
-    """A live container; `exec` runs one command at a time in /work as uid 1000."""
+    """A live container; `exec` runs one command at a time in /work as uid 1000.
+
+    After each command a reaper (REAPER, in an exec of its own, in the background) kills
+    whatever the command left; the next call, `settle()` and the pool wait for it, so that a
+    command never meets what an earlier one started.
+    """
 
     workdir = WORKDIR
 
@@ -354,9 +418,10 @@ class ContainerSandbox(Sandbox):
         self.id = cid
         self.spec = spec
         self.leases = 0
-        self.commands = 0
         self.closed = False
         self._on_close = on_close
+        self._reaper: threading.Thread | None = None
+        self._broken: str | None = None  # why this container can serve no further command
 
     def exec(
         self, argv: list[str], stdin: bytes | None = None, timeout: float | None = None
@@ -365,11 +430,10 @@ class ContainerSandbox(Sandbox):
             raise EnvironmentFailure("the container sandbox is closed")
         if not argv:
             raise ValueError("exec needs a command")
+        self.settle()
         secs = self.spec.exec_timeout_secs if timeout is None else timeout
-        self.commands += 1  # the mark is a count, so an `env` listing stays deterministic
-        mark = f"{MARK}={self.commands}"
-        cmd = [*self.cli, "exec", "-i", "-w", WORKDIR, "-e", mark, self.id, "sh", "-c", WRAPPER]
-        cmd += ["sh", f"{secs:.3f}", str(self.commands), *argv]
+        cmd = [*self.cli, "exec", "-i", f"--user={self.spec.user}", "-w", WORKDIR, self.id]
+        cmd += ["sh", "-c", WRAPPER, "sh", f"{secs:.3f}", *argv]
         started = time.monotonic()
         code, out, err, truncated = _run_capped(
             cmd, stdin or b"", self.spec.max_output_bytes, secs + GRACE_SECS
@@ -377,29 +441,60 @@ class ContainerSandbox(Sandbox):
         elapsed = time.monotonic() - started
         if code is None or code == 125:  # the CLI hung, or the engine refused the exec
             if not self.alive():
-                raise EnvironmentFailure(f"container {self.id[:12]} is gone")
-            if code is None:
-                return ExecResult(None, out, err, timed_out=True, truncated=truncated)
+                self._broken = f"container {self.id[:12]} is gone"
+                raise EnvironmentFailure(self._broken)
+        self._reaper = threading.Thread(target=self._reap, daemon=True)
+        self._reaper.start()
+        if code is None:
+            return ExecResult(None, out, err, timed_out=True, truncated=truncated)
         # timeout exits 137 when the deadline killed the command. NOTE: a shell
         # reports a death by signal N as 128 + N; so does this sandbox, as exit_code None.
         timed_out = code == 137 and elapsed >= secs
         exit_code = None if timed_out or code > 128 else code
         return ExecResult(exit_code, out, err, timed_out=timed_out, truncated=truncated)
 
+    def _reap(self) -> None:
+        """Kill what the last command left, from outside its reach: the command could kill
+        or stop its own wrapper, which runs as the same uid."""
+        try:
+            done = self._exec_as_user(REAPER)
+        except EnvironmentFailure as err:
+            self._broken = str(err)
+            return
+        if done.returncode != 0:
+            self._broken = f"container {self.id[:12]}: " + (
+                "processes of a command survived every kill"
+                if done.returncode == 1
+                else f"the reaper failed: {done.stderr.strip() or done.returncode}"
+            )
+
+    def _exec_as_user(self, script: str) -> subprocess.CompletedProcess:
+        """A script of ours as the commands' uid (kill -1 reaches that uid's processes alone),
+        outside the wrapper."""
+        user = f"--user={self.spec.user}"
+        return _cli(self.cli, "exec", user, self.id, "sh", "-c", script, check=False)
+
+    def settle(self) -> None:
+        """Wait until the last command's reaper is done; EnvironmentFailure when a process
+        survived it or the container is gone."""
+        if self._reaper is not None:
+            self._reaper.join()
+            self._reaper = None
+        if self._broken is not None:
+            raise EnvironmentFailure(self._broken)
+
     def alive(self) -> bool:
         done = _cli(self.cli, "inspect", "--format", "{{.State.Running}}", self.id, check=False)
         return done.returncode == 0 and done.stdout.strip() == "true"
 
     def reset(self) -> bool:
-        """Kill every process but pid 1 (the idle loop) and empty /work; False when that
-        failed."""
-        self.commands = 0
-        # Not through the wrapper, which kill -1 would kill too.
+        """Before another lease: no process left, /work, /dev/shm, /dev/mqueue and SysV IPC
+        emptied, init healthy (RESET). False when any of that failed: replace the container."""
         try:
-            done = _cli(self.cli, "exec", self.id, "sh", "-c", RESET, check=False)
+            self.settle()
+            return self._exec_as_user(RESET).returncode == 0
         except EnvironmentFailure:
             return False
-        return done.returncode == 0
 
     def close(self) -> None:
         if self.closed:
@@ -491,9 +586,10 @@ def _remove_pool(cli: list[str], pool_id: str) -> None:
 class ContainerPool(SandboxPool):
     """Containers of one spec, at most `max_live` alive, `min_idle` kept started ahead.
 
-    reuse = "never": a container serves one lease and is removed. reuse = "workspace": after a
-    lease its processes are killed and /work emptied, and it serves up to
-    max_leases_per_container leases. `acquire` blocks while max_live containers are leased.
+    reuse = "never": a container serves one lease and is removed. reuse = "workspace": it serves
+    up to max_leases_per_container leases; before each after the first it is reset and checked
+    (ContainerSandbox.reset), and replaced by a fresh one when that fails. `acquire` blocks
+    while max_live containers are leased.
     Creating a pool reaps stale containers first; close() (or, failing that, the end of the
     process) removes all of this pool's containers.
     """
@@ -531,20 +627,32 @@ class ContainerPool(SandboxPool):
 
     def acquire(self) -> ContainerSandbox:
         deadline = time.monotonic() + self.acquire_timeout_secs
+        while True:
+            box = self._take(deadline)
+            if box is None:  # room for one more
+                box = self._start()
+                box.leases = 1
+                return box
+            if box.leases == 0 or box.reset():  # started ahead, or reset and healthy
+                box.leases += 1
+                if box.leases > 1:
+                    self.stats.add(reused=1)
+                self._warm_soon()
+                return box
+            box.close()  # a sick container: another takes its place
+
+    def _take(self, deadline: float) -> ContainerSandbox | None:
+        """An idle container, or None once a start is counted in _starting; waits while
+        max_live are leased."""
         with self._cond:
             while True:
                 if self._closed:
                     raise EnvironmentFailure("the container pool is closed")
                 if self._idle:
-                    box = self._idle.pop(0)
-                    box.leases += 1
-                    if box.leases > 1:
-                        self.stats.add(reused=1)
-                    self._warm_soon()
-                    return box
+                    return self._idle.pop(0)
                 if len(self._live) + self._starting < self.settings.max_live:
                     self._starting += 1
-                    break
+                    return None
                 if not self._cond.wait(max(deadline - time.monotonic(), 0)):
                     raise EnvironmentFailure(
                         f"no container free after {self.acquire_timeout_secs:g} s: all "
@@ -552,19 +660,21 @@ class ContainerPool(SandboxPool):
                         "leased (a rollout holds the containers of all its trajectories at "
                         "once: make max_live at least scenarios_per_update x group_size)"
                     )
-        box = self._start()
-        box.leases = 1
-        return box
 
     def release(self, sandbox: Sandbox) -> None:
         assert isinstance(sandbox, ContainerSandbox), sandbox
         if sandbox.closed:
             return
+        try:
+            sandbox.settle()  # nothing of the trajectory runs on while the container idles
+            settled = True
+        except EnvironmentFailure:
+            settled = False
         keep = (
-            self.settings.reuse == "workspace"
+            settled
+            and self.settings.reuse == "workspace"
             and sandbox.leases < self.settings.max_leases_per_container
             and not self._closed
-            and sandbox.reset()
         )
         if keep:
             with self._cond:
@@ -618,7 +728,8 @@ class ContainerPool(SandboxPool):
         labels = {POOL_LABEL: self.id, **_owner_labels()}
         try:
             t0 = time.perf_counter()
-            done = _cli(self.cli, *self.spec.run_args(labels, self.podman), check=False)
+            args = self.spec.run_args(labels, podman=self.podman, seccomp=_seccomp_profile())
+            done = _cli(self.cli, *args, check=False)
             self.stats.add(created=1, create_seconds=time.perf_counter() - t0)
             if done.returncode != 0:
                 raise EnvironmentFailure(
@@ -644,7 +755,15 @@ class ContainerPool(SandboxPool):
         """Once per pool: the image really runs its commands as a non-root user."""
         if self._user_checked:
             return
-        result = box.exec(["id", "-u"], timeout=30.0)
+        try:
+            result = box.exec(["id", "-u"], timeout=30.0)
+        except EnvironmentFailure:
+            box.close()
+            raise EnvironmentFailure(
+                f"image {self.spec.image}: its container stopped as it started; its pid 1 "
+                "runs `env --ignore-signal=CHLD sleep infinity`, which needs GNU coreutils "
+                "8.31 or later"
+            ) from None
         uid = result.stdout.decode(errors="replace").strip()
         if not result.ok or not uid.isdigit() or int(uid) == 0:
             box.close()
@@ -653,7 +772,6 @@ class ContainerPool(SandboxPool):
                 f"{self.spec.user}; containers must run as a non-root user"
             )
         self._user_checked = True
-        box.commands = 0
 
     def _forget(self, box: ContainerSandbox) -> None:
         with self._cond:

@@ -1,23 +1,16 @@
-"""The container environment against real podman and the locally built test image.
-
-scripts/agent-image.sh (run by `make test`) installs podman and builds
-localhost/retrograd-agent:bookworm; it writes .cache/containers/containers.conf (runc,
-cgroupfs, explicit ulimits), which these tests hand to podman through CONTAINERS_CONF unless
-the environment already names one. Nothing here skips: without podman or the image every test
-fails, saying to run the script.
+"""The container environment against real podman and the locally built test image (the
+fixtures, in containers.py, fail every test, saying what to run, where podman or the image is
+missing; nothing skips). What a hostile command cannot do is test_container_isolation.py's.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -40,67 +33,13 @@ from retrograd.agent.types import Observation, Verification
 from retrograd.config.agent import ContainerEnvironment
 from retrograd.config.agent import ContainerPool as PoolSettings
 from retrograd.errors import ConfigError, EnvironmentFailure
+from tests.unit.agent import containers
+from tests.unit.agent.containers import IMAGE, REPO, exists, labelled, spec, text
+
+# The fixtures (tests/e2e import `cli` from here).
+cli, pool, box = containers.cli, containers.pool, containers.box
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[3]
-CONF = REPO / ".cache" / "containers" / "containers.conf"
-IMAGE = "localhost/retrograd-agent:bookworm"
-SETUP = "run scripts/agent-image.sh (as root; `make test` runs it) to install podman and build"
-
-
-@pytest.fixture(scope="module")
-def cli():
-    with pytest.MonkeyPatch.context() as mp:
-        if "CONTAINERS_CONF" not in os.environ:
-            if not CONF.exists():
-                pytest.fail(f"{CONF.relative_to(REPO)} is missing: {SETUP} {IMAGE}")
-            mp.setenv("CONTAINERS_CONF", str(CONF))
-        podman = shutil.which("podman")
-        if podman is None:
-            pytest.fail(f"podman is not installed: {SETUP} {IMAGE}")
-        exists = subprocess.run([podman, "image", "exists", IMAGE], capture_output=True)
-        if exists.returncode != 0:
-            pytest.fail(f"image {IMAGE} is missing: {SETUP} it")
-        yield [podman]
-
-
-def spec(**keys) -> ContainerSpec:
-    return ContainerSpec(**{"image": IMAGE, "memory_mb": 256, "pids": 64, **keys})
-
-
-@pytest.fixture
-def pool(cli):
-    made: list[ContainerPool] = []
-
-    def make(settings: PoolSettings | None = None, **keys) -> ContainerPool:
-        made.append(ContainerPool(spec(**keys), settings, cli=cli))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.close()
-
-
-@pytest.fixture
-def box(pool) -> ContainerSandbox:
-    return pool().acquire()
-
-
-def labelled(cli, label: str) -> list[str]:
-    done = subprocess.run(
-        [*cli, "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split()
-
-
-def exists(cli, cid: str) -> bool:
-    return subprocess.run([*cli, "container", "exists", cid]).returncode == 0
-
-
-def text(result) -> str:
-    return result.stdout.decode()
 
 
 def test_a_command_runs_as_uid_1000_in_work_without_capabilities(box):
@@ -122,6 +61,7 @@ def test_results_match_a_local_sandbox(box, tmp_path):
     """The local sandbox (agent/local.py) as the reference: same exit codes, streams, timeout
     and truncation flags for the same commands."""
     local = LocalSandbox(max_output_bytes=1000, parent=tmp_path)
+    box.settle()  # its reaper (of the pool's `id -u`), which would kill this one's commands
     contained = ContainerSandbox(box.cli, box.id, spec(max_output_bytes=1000))
     cases = [
         (["sh", "-c", "echo out; echo err >&2; exit 3"], None, None),
@@ -175,8 +115,9 @@ def test_a_command_and_its_children_die_at_the_timeout(box):
     assert result.stderr == b"" and 2.0 <= elapsed < 5.0, (result, elapsed)
     listing = text(box.exec(["ps", "-eo", "args"]))
     assert "sleep 10" not in listing, listing
-    assert "sleep 3600" in listing  # the container's idle process lives on
+    assert "sleep infinity" in listing  # the container's init lives on
     # The limit's default: ContainerSpec.exec_timeout_secs.
+    box.settle()  # its reaper, which would kill the other sandbox's command too
     quick = ContainerSandbox(box.cli, box.id, spec(exec_timeout_secs=1.0))
     started = time.monotonic()
     assert quick.exec(["sleep", "30"]).timed_out
@@ -394,13 +335,13 @@ def test_run_arguments_follow_the_section():
     )
     built = ContainerSpec.from_section(section)
     assert built.image == "python:3.12-slim"
-    args = built.run_args({POOL_LABEL: "p1"})
+    args = built.run_args({POOL_LABEL: "p1"}, podman=False, seccomp="/profile.json")
     joined = " ".join(args)
     for part in (
         "--network=none",
         "--read-only",
         "--tmpfs=/work:rw,exec,size=300m,mode=1777",
-        "--user=1000:1000",
+        "--user=65534:65534",  # init's; commands run as 1000:1000
         "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
         "--memory=300m --memory-swap=300m --cpus=0.5 --pids-limit=40",
@@ -410,7 +351,8 @@ def test_run_arguments_follow_the_section():
     ):
         assert part in joined, part
     networked = ContainerSpec.from_section(section.model_copy(update={"allow_network": True}))
-    assert not any(a.startswith("--network") for a in networked.run_args({}))
+    networked_args = networked.run_args({}, podman=False, seccomp="/profile.json")
+    assert not any(a.startswith("--network") for a in networked_args)
     typescript = section.model_copy(update={"profile": "typescript"})
     assert ContainerSpec.from_section(typescript).image == "node:22-slim"
 
