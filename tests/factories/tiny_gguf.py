@@ -194,8 +194,9 @@ def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None =
     return path
 
 
-def quantize(src: Path, dst: Path, ftype: str) -> Path:
-    """Re-encode src with llama.cpp's quantizer; ftype names a LLAMA_FTYPE_* (e.g. MOSTLY_Q4_K_M).
+def quantize(src: Path, dst: Path, ftype: str, threads: int = 2) -> Path:
+    """Re-encode src with llama.cpp's quantizer, on `threads` threads; ftype names a
+    LLAMA_FTYPE_* (e.g. MOSTLY_Q4_K_M).
 
     `pure` keeps every matrix in the requested type (llama.cpp's mixes otherwise pick other
     types for some tensors); ALL_F32 makes the dequantized F32 copy that exactness tests run
@@ -208,7 +209,7 @@ def quantize(src: Path, dst: Path, ftype: str) -> Path:
     quiet()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{ftype}")
-    params.nthread = 2
+    params.nthread = threads
     params.allow_requantize = True
     params.pure = not ftype.endswith(("_M", "_S", "_L"))
     tmp = dst.with_suffix(".tmp")
