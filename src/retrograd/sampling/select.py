@@ -8,16 +8,20 @@ over the probabilities sorted high to low (stable: equal values keep id order) o
 rule depends only on the row's own logits, settings and u, never on its batch.
 
 The device path keeps the (B, V) logits where they are and returns B token ids; the host path
-copies them and computes in float64 (the oracle). A nucleus row first looks among its
-NUCLEUS_CANDIDATES most likely tokens (`torch.topk`, then put in the full sort's order: high
-to low, equal values by id) and takes its token there when that choice is certain to be the
-full sort's: the nucleus ends inside the candidates and the chosen token is more likely than
-the least likely candidate (a token tied with it may sit outside them). Every other row sorts
-its whole vocabulary. Both read the same probabilities, and the candidates' running sums are
-the sorted row's first ones, so the token is the full sort's for the same u, bit for bit (the
-CPU's cumulative sum is one sequential pass, whatever the row's length; not yet checked on a
-GPU, where it rests on the scan's prefixes not depending on the row's length either).
-`fast_top_p = False` sorts every nucleus row. Nothing here knows about models or text.
+copies them and computes in float64 (the oracle). A nucleus row is found without sorting its
+vocabulary wherever the choice is certain to be the full sort's, in two tries: (1) the
+NUCLEUS_CANDIDATES most likely tokens of every row (`torch.topk`, then put in the full sort's
+order: high to low, equal values by id), deciding a row when its nucleus ends before the last
+candidate and the chosen token is more likely than the last one (a token tied with that one
+may sit outside the candidates); (2) for each row left, every token at or above a power of two
+(a histogram of float32 exponents picks the highest one whose tokens hold top_p; no tie
+crosses that line), sorted, deciding when the nucleus ends before the last of them. Rows left
+after both sort their whole vocabulary. All read the same probabilities, and a prefix's
+running sums are the sorted row's first ones, so the token is the full sort's for the same
+u, bit for bit (the CPU's cumulative sum is one sequential pass, whatever the row's length;
+not yet checked on a GPU, where it rests on the scan's prefixes not depending on the row's
+length either). `fast_top_p = False` sorts every nucleus row. Nothing here knows about models
+or text.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from retrograd.compiled import fused
 
 NUCLEUS_CANDIDATES = 256  # tokens searched first for a nucleus
+EXPONENTS = 128  # float32 exponents of probabilities in [0, 1]
 
 
 def select_device(
@@ -76,6 +81,10 @@ def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor, fast: b
     probs = torch.softmax(scaled, -1)  # (b, V)
     if fast and probs.shape[1] > NUCLEUS_CANDIDATES:
         out, sure = nucleus_from_candidates(probs, top_p, u, NUCLEUS_CANDIDATES)
+        for r in (~sure).nonzero()[:, 0].tolist():  # a wider nucleus, or a tie at the 256th
+            token = nucleus_above(probs[r], top_p[r], u[r])
+            if token is not None:
+                out[r], sure[r] = token, True
     else:
         out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
         sure = torch.zeros_like(out, dtype=torch.bool)
@@ -101,6 +110,26 @@ def nucleus_from_candidates(
     # more), and no token outside the candidates ties with the chosen one
     sure = (n_keep < k) & (vals.gather(-1, pos[:, None])[:, 0] > vals[:, -1])
     return idx.gather(-1, pos[:, None])[:, 0], sure
+
+
+def nucleus_above(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> int | None:
+    """One row's probabilities (V,) -> the full sort's token, from the tokens at or above a
+    power of two (every token of those float32 exponents: no tie crosses the line), the
+    highest power whose tokens hold top_p by a histogram of exponents; None where the row
+    must be sorted (the nucleus reaches the last of those tokens)."""
+    exponent = probs.view(torch.int32) >> 23  # (V,) p >= 2**(exponent - 127) for p > 0
+    mass = torch.bincount(exponent, weights=probs, minlength=EXPONENTS)  # (128,)
+    above = mass.flip(0).cumsum(0).flip(0)  # the mass of every exponent from e up
+    # NOTE: the histogram only picks the line; the check below makes the choice exact. The
+    # margin: one token of the lowest exponent (p < 2**(e - 126)) and float32 rounding.
+    margin = torch.exp2(torch.arange(EXPONENTS, device=probs.device) - 126.0) + 1e-4
+    enough = (above >= top_p + margin).nonzero()[:, 0]
+    if len(enough) == 0 or int(enough[-1]) == 0:  # exponent 0 holds zeros and denormals
+        return None
+    idx = (exponent >= enough[-1]).nonzero()[:, 0]  # (n,) ids in increasing order
+    vals, order = probs[idx].sort(descending=True, stable=True)  # the sorted row's first n
+    pos, n_keep = _position(vals[None], top_p[None], u[None])
+    return int(idx[order[pos[0]]]) if int(n_keep[0]) < len(idx) else None
 
 
 def _position(vals: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor):

@@ -8,6 +8,7 @@ import torch
 
 from retrograd.sampling.select import (
     greedy_device,
+    nucleus_above,
     nucleus_from_candidates,
     select_device,
     select_host,
@@ -34,11 +35,11 @@ def exact_probs(logits: np.ndarray, temperature: float, top_p: float) -> np.ndar
     return q
 
 
-def draw(fn, logits, temperature, top_p, fast=False):
-    row = torch.as_tensor(logits, dtype=torch.float32)[None].expand(N, -1)
-    u = torch.rand(N, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    t = torch.full((N,), temperature)
-    p = torch.full((N,), top_p)
+def draw(fn, logits, temperature, top_p, fast=False, n=N):
+    row = torch.as_tensor(logits, dtype=torch.float32)[None].expand(n, -1)
+    u = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    t = torch.full((n,), temperature)
+    p = torch.full((n,), top_p)
     return fn(row, t, p, u, fast).numpy()
 
 
@@ -60,9 +61,10 @@ def test_host_and_device_sampling_give_the_same_distribution(temperature, top_p)
 def test_fast_top_p_falls_back_when_the_top_candidates_are_not_enough():
     # a flat distribution over 1000 tokens: 256 candidates hold only ~26% of the mass
     logits = torch.zeros(1000)
-    tokens = draw(select_device, logits.numpy(), 1.0, 0.9, fast=True)
+    tokens = draw(select_device, logits.numpy(), 1.0, 0.9, fast=True, n=2000)
     assert tokens.max() >= 256
     assert (np.bincount(tokens, minlength=1000)[900:] == 0).all()  # stable order: ids < 900
+    assert (tokens == draw(select_device, logits.numpy(), 1.0, 0.9, n=2000)).all()
 
 
 def test_greedy_rows_ignore_u_and_mix_with_sampled_rows():
@@ -100,7 +102,7 @@ def test_greedy_in_one_kernel_equals_the_general_path(dtype):
 # -- the top candidates against the full sort ---------------------------------------------------
 
 TEMPERATURES = (0.3, 0.7, 1.0, 1.6)
-TOP_PS = (0.05, 0.5, 0.9, 0.95, 0.999)
+TOP_PS = (0.05, 0.5, 0.9, 0.95, 0.999, 0.99999)  # the last: beyond a histogram's reach
 # edges of [0, 1): 0, the smallest draws, a half, and draws that round to 1 in float32
 EDGE_U = (0.0, 1e-12, 0.5, 1 - 1e-9, 1 - 2**-53)
 
@@ -137,19 +139,21 @@ def shapes(V: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def batch(V: int, draws: int, seed: int, temperatures=TEMPERATURES, top_ps=TOP_PS):
-    """Every shape x temperature x top_p, `draws` uniform numbers each (the edges first), with
-    greedy and top_p = 1 rows among them -> logits (B, V), temperature, top_p, u (B,)."""
+    """Every shape x temperature x top_p, `draws` uniform numbers each (every third an edge
+    of [0, 1)), with top_p = 1 rows among them, half of those greedy -> logits (B, V),
+    temperature, top_p, u (B,)."""
     gen = torch.Generator().manual_seed(seed)
     rows, temps, tops, us = [], [], [], []
     for row in shapes(V, gen).values():
         for t in temperatures:
             for p in (*top_ps, 1.0):
-                for j in range(draws):
-                    u = EDGE_U[j] if j < len(EDGE_U) else torch.rand((), generator=gen).item()
+                for _ in range(draws):
+                    n = len(rows)
+                    u = torch.rand((), generator=gen, dtype=torch.float64).item()
                     rows.append(row)
-                    temps.append(t if j != 1 or p < 1 else 0.0)  # a few greedy rows
+                    temps.append(0.0 if p == 1 and n % 2 else t)
                     tops.append(p)
-                    us.append(u)
+                    us.append(EDGE_U[n // 3 % len(EDGE_U)] if n % 3 == 0 else u)
     return (
         torch.stack(rows),
         torch.tensor(temps),
@@ -158,20 +162,46 @@ def batch(V: int, draws: int, seed: int, temperatures=TEMPERATURES, top_ps=TOP_P
     )
 
 
+@pytest.fixture
+def tiers(monkeypatch):
+    """Counts of how nucleus rows were decided: by the 256 candidates, by the tokens above a
+    power of two, or by sorting the row (neither could)."""
+    from retrograd.sampling import select
+
+    seen = {"candidates": 0, "above": 0, "sorted": 0}
+    candidates, above = select.nucleus_from_candidates, select.nucleus_above
+
+    def by_candidates(*a):
+        ids, sure = candidates(*a)
+        seen["candidates"] += int(sure.sum())
+        return ids, sure
+
+    def by_above(*a):
+        token = above(*a)
+        seen["above" if token is not None else "sorted"] += 1
+        return token
+
+    monkeypatch.setattr(select, "nucleus_from_candidates", by_candidates)
+    monkeypatch.setattr(select, "nucleus_above", by_above)
+    return seen
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("V", "draws", "temperatures", "top_ps"),
-    [(4096, 12, TEMPERATURES, TOP_PS), (262144, 2, (0.7, 1.6), (0.5, 0.95))],  # Gemma's V
+    [(4096, 8, TEMPERATURES, TOP_PS), (262144, 2, (1.0,), (0.5, 0.95, 0.99999))],
 )
 def test_the_top_candidates_choose_what_the_full_sort_chooses(
-    dtype, V, draws, temperatures, top_ps
+    dtype, V, draws, temperatures, top_ps, tiers
 ):
     """Same logits, settings and uniform number: the same token whether the nucleus is found
-    among the top candidates or by sorting the whole vocabulary, row by row, in a mixed batch
-    and in a batch of nucleus rows alone."""
+    among the top candidates, among the tokens above a power of two, or by sorting the whole
+    vocabulary, row by row, in a mixed batch and in a batch of nucleus rows alone; each way
+    decides some rows. V 262144 is Gemma 3's vocabulary."""
     logits, t, p, u = batch(V, draws, V, temperatures, top_ps)
     logits = logits.to(dtype)
     fast = select_device(logits, t, p, u, fast_top_p=True)
+    assert all(tiers.values()), tiers
     full = select_device(logits, t, p, u, fast_top_p=False)
     assert torch.equal(fast, full), f"{(fast != full).sum()} of {len(fast)} rows differ"
     nucleus = (t > 0) & (p < 1)
@@ -180,27 +210,36 @@ def test_the_top_candidates_choose_what_the_full_sort_chooses(
 
 
 def test_the_candidates_decide_where_they_can_and_only_there():
-    """Where the 256 candidates are certain of the full sort's token (`sure`), and where the
-    row must sort its whole vocabulary (the same token then, by the test above)."""
+    """Where the 256 candidates are certain of the full sort's token (`sure`), where the tokens
+    above a power of two are, and where the row must be sorted (the same token each way, by
+    the test above)."""
     rows = shapes(4096, torch.Generator().manual_seed(7))
 
-    def decide(shape: str, top_p: float, u: float) -> tuple[int, bool]:
+    def decide(shape: str, top_p: float, u: float) -> tuple[int, bool, bool]:
+        """-> (the full sort's token, decided by the candidates, by the tokens above)"""
         logits = rows[shape][None]  # (1, V)
         p, draw = torch.tensor([top_p]), torch.tensor([u], dtype=torch.float64)
-        ids, sure = nucleus_from_candidates(torch.softmax(logits, -1), p, draw)
-        full = select_device(logits, torch.ones(1), p, draw, fast_top_p=False)
-        assert not sure or ids[0] == full[0]
-        return int(full[0]), bool(sure)
+        probs = torch.softmax(logits, -1)
+        ids, sure = nucleus_from_candidates(probs, p, draw)
+        above = nucleus_above(probs[0], p[0], draw[0])
+        full = int(select_device(logits, torch.ones(1), p, draw, fast_top_p=False)[0])
+        assert not sure or ids[0] == full
+        assert above is None or above == full
+        return full, bool(sure), above is not None
 
-    assert decide("peaked", 0.95, 0.3)[1] and decide("peaked", 0.999, 0.99)[1]
-    assert not decide("zipf", 0.95, 0.3)[1]  # the nucleus is larger than the candidates
+    assert decide("peaked", 0.95, 0.3)[1:] == (True, True)
+    assert decide("peaked", 0.999, 0.99)[1]
+    assert decide("zipf", 0.95, 0.3)[1:] == (False, True)  # wider than the candidates
     assert decide("zipf", 0.2, 0.3)[1]
-    assert not decide("flat", 0.5, 0.3)[1]  # every token tied: the tie leaves the candidates
+    # every token tied: the tie leaves the candidates; the tokens above are all of them
+    assert decide("flat", 0.5, 0.3)[1:] == (False, True)
     tied = torch.nonzero(rows["tied top"] == 9.0)[:, 0]  # (7,) ids in increasing order
-    assert decide("tied top", 0.5, 0.0) == (int(tied[0]), True)  # ties in id order, as sorted
+    assert decide("tied top", 0.5, 0.0)[:2] == (int(tied[0]), True)  # ties in id order
     assert decide("tied top", 0.5, 1 - 2**-53)[0] in tied.tolist()
-    # 100 likely tokens, then 1000 tied: a draw among the tied ones leaves the candidates
-    assert decide("tied boundary", 0.73, 0.0)[1]  # 71% in the 100, the rest among the tied
-    assert not decide("tied boundary", 0.73, 0.999)[1]
-    assert not decide("tied boundary", 0.99, 0.0)[1]  # the nucleus is larger than 256
-    assert decide("one", 0.9, 0.5) == (int(rows["one"].argmax()), True)  # the rest are 0
+    # 100 likely tokens (71% of the mass), then 1000 tied: a draw among the tied ones leaves
+    # the candidates, not the tokens above a power of two (no tie crosses one)
+    assert decide("tied boundary", 0.73, 0.0)[1]
+    assert decide("tied boundary", 0.73, 0.999)[1:] == (False, True)
+    assert decide("tied boundary", 0.99, 0.0)[1:] == (False, True)  # wider than 256
+    assert decide("one", 0.9, 0.5)[:2] == (int(rows["one"].argmax()), True)  # the rest: 0
+    assert decide("zipf", 0.99999, 0.5)[1:] == (False, False)  # within the histogram's margin
