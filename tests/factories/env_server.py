@@ -7,7 +7,8 @@ observation when `metadata.greet` is true; /state answers 404 when `metadata.no_
 
 Every request is recorded (method, path, JSON body, headers) in `EnvServer.calls`, so tests can
 assert the protocol. Knobs: `gone` (env_ids answered 410), `step_delay` (seconds /step sleeps),
-`bad_step` (the step reply misses its result).
+`bad_step` (the step reply misses its result), `raw_step` (the text /step answers instead, as
+JSON, however malformed).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class EnvServer:
     gone: set[str] = field(default_factory=set)
     step_delay: float = 0.0
     bad_step: bool = False
+    raw_step: str | None = None
     url: str = ""
 
     def routes(self, method: str | None = None) -> list[str]:
@@ -113,6 +115,8 @@ class EnvServer:
                 time.sleep(self.step_delay)
             if self.bad_step:
                 return {"reward": None, "done": False}
+            if self.raw_step is not None:
+                return Response(self.raw_step, media_type="application/json")
             game, call = self.games[env_id], body["call"]
             args = call["arguments"]
             if call["name"] == "echo":

@@ -14,10 +14,12 @@ server's ToolCallView/MessageView):
     ToolResult = {"content": str, "is_error"?: bool}   ("reward" and "done" may be left out)
 
 A 404 or 410 on a route carrying an env_id (state excepted), any other non-2xx answer, a
-timeout or a reply of the wrong shape fails the trajectory (EnvironmentFailure naming the
-scenario, URL and route). An HTTP environment grades through its step rewards: `grades` is
-True and `verify` returns None. Calls to a tool missing from /tools are error observations
-that never reach the server. This module knows nothing about tokens or the policy.
+timeout or a reply of the wrong shape (a reward that is not a finite number, JSON nested past
+what the parser reads) fails the trajectory (EnvironmentFailure naming the scenario, URL and
+route). An HTTP environment grades through its step rewards: `grades` is True and `verify`
+returns None. Calls to a tool missing from /tools, and arguments JSON cannot carry
+(`toolcalls.argument_problem`), are error observations that never reach the server. This
+module knows nothing about tokens or the policy.
 """
 
 from __future__ import annotations
@@ -28,15 +30,26 @@ from typing import Any
 import httpx
 
 from retrograd import nesting
-from retrograd.agent.types import Environment, Episode, Observation, ToolSpec
+from retrograd.agent.types import (
+    Environment,
+    Episode,
+    Observation,
+    ToolSpec,
+    as_text,
+    finite,
+    quoted,
+)
 from retrograd.config.agent import HttpEnvironment as HttpConfig
 from retrograd.errors import EnvironmentFailure
+from retrograd.tokenizer.toolcalls import argument_problem
 
 TRUNCATED = "\n[output truncated]"
 
 
 def cap_text(text: str, max_bytes: int) -> str:
-    """`text` cut to `max_bytes` of UTF-8 (never inside a character), marked when cut."""
+    """`text` (a lone surrogate made U+FFFD) cut to `max_bytes` of UTF-8, never inside a
+    character, and marked when cut."""
+    text = as_text(text)
     raw = text.encode()
     if len(raw) <= max_bytes:
         return text
@@ -152,7 +165,10 @@ class HttpEpisode(Episode):
 
     def step(self, name: str, arguments: dict[str, Any]) -> Observation:
         if name not in self._names:
-            return Observation(f"unknown tool '{name}'", is_error=True)
+            return Observation(f"unknown tool '{quoted(name)}'", is_error=True)
+        problem = argument_problem(arguments)
+        if problem is not None:
+            return Observation(problem, is_error=True)
         call = {"id": f"call_{self._calls}", "name": name, "arguments": arguments}
         self._calls += 1
         reply = self.env.request("POST", "/step", self.where, {"env_id": self.env_id, "call": call})
@@ -167,10 +183,8 @@ class HttpEpisode(Episode):
         )
         if not isinstance(is_error, bool) or not isinstance(done, bool):
             raise EnvironmentFailure(f'{place}: "is_error" and "done" must be booleans')
-        if reward is not None and (
-            isinstance(reward, bool) or not isinstance(reward, (int, float))
-        ):
-            raise EnvironmentFailure(f'{place}: "reward" must be null or a number')
+        if reward is not None and not finite(reward):
+            raise EnvironmentFailure(f'{place}: "reward" must be null or a finite number')
         content = cap_text(result["content"], self.env.config.max_result_bytes)
         return Observation(content, is_error, None if reward is None else float(reward), done)
 

@@ -7,8 +7,9 @@ each call a task on the hub's loop. Each server's session lives in one owner tas
 and leaves its transport, because anyio scopes must exit in the task that entered them.
 
 Tool-level trouble is an observation with is_error (the server's isError, a timeout, a
-JSON-RPC error); a lost connection raises EnvironmentFailure. A required server that cannot
-connect fails `open`; an optional one is skipped with a warning; all of them failing is an error.
+JSON-RPC error, arguments JSON cannot carry); a lost connection raises EnvironmentFailure. A
+required server that cannot connect fails `open`; an optional one is skipped with a warning;
+all of them failing is an error.
 A local server sees PATH, HOME and its env_passthrough variables (the SDK adds LOGNAME, SHELL,
 TERM and USER too), or this process's whole environment when env_passthrough is unset.
 """
@@ -34,9 +35,10 @@ from mcp_types import CONNECTION_CLOSED, PaginatedRequestParams
 
 from retrograd.agent.http_env import cap_text
 from retrograd.agent.mcp_config import ServerPlan, server_plans
-from retrograd.agent.types import Observation, ToolSpec
+from retrograd.agent.types import Observation, ToolSpec, quoted
 from retrograd.config.agent import AgentSection
 from retrograd.errors import ConfigError, EnvironmentFailure, RetrogradError
+from retrograd.tokenizer.toolcalls import argument_problem
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +158,13 @@ class McpHub:
         return name in self._routes
 
     def call(self, name: str, arguments: dict[str, Any]) -> Observation:
-        """Run one tool call (thread-safe). Raises EnvironmentFailure when the server is lost."""
+        """Run one tool call (thread-safe). Arguments JSON cannot carry are an error
+        observation, never sent. Raises EnvironmentFailure when the server is lost."""
         if name not in self._routes:
-            return Observation(f"unknown tool '{name}'", is_error=True)
+            return Observation(f"unknown tool '{quoted(name)}'", is_error=True)
+        problem = argument_problem(arguments)
+        if problem is not None:
+            return Observation(problem, is_error=True)
         server, tool = self._routes[name]
         return self._run(self._call(server, tool, arguments))
 

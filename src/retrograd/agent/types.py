@@ -14,11 +14,46 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 ERROR_PREFIX = "ERROR: "  # what the model sees before a failed call's observation
+QUOTE_LIMIT = 200  # characters of a model-written string that an error observation repeats
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def as_text(value: str) -> str:
+    """`value` with each lone surrogate made U+FFFD: text that every encoder, file and
+    tokenizer takes (JSON's \\ud800 escape puts one in a str, and UTF-8 cannot hold it)."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", value)
+    return value
+
+
+def finite(value: Any) -> bool:
+    """True for a JSON number that is a finite float (an integer of 400 digits is not; a
+    boolean is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def quoted(value: str) -> str:
+    """A model-written string (a path, a tool's name) as an error observation repeats it:
+    whole up to QUOTE_LIMIT characters, else its head and the count of the rest."""
+    if len(value) <= QUOTE_LIMIT:
+        return value
+    return f"{value[:QUOTE_LIMIT]}… [{len(value) - QUOTE_LIMIT} more characters]"
 
 
 @dataclass(frozen=True)
@@ -54,12 +89,18 @@ def catalog_hash(specs: list[ToolSpec], ids: list[str] | None = None) -> str:
 @dataclass(frozen=True)
 class Observation:
     """The answer to one tool call. `reward`: a step reward (undiscounted, added to the
-    trajectory's); `done`: the episode is over (verify runs), which is not a truncation."""
+    trajectory's); `done`: the episode is over (verify runs), which is not a truncation.
+    `content` is always text: a lone surrogate (from a server's JSON, or an argument a tool
+    repeats) is made U+FFFD here, so that nothing downstream fails to encode it."""
 
     content: str
     is_error: bool = False
     reward: float | None = None
     done: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, str):
+            object.__setattr__(self, "content", as_text(self.content))
 
     def text(self) -> str:
         """The tool message's content as the model sees it."""

@@ -24,7 +24,10 @@ its keys and values between turns; between turns each one's tool calls run in it
 Limits cut a trajectory (a truncation): max_turns, max_new_tokens_per_turn (a turn that does
 not stop), max_trajectory_tokens (the whole sequence) and max_rollout_secs (checked at turn
 boundaries and before each call). The environment failing (open, a broken tool) fails the
-trajectory: it is never trained. Episodes are closed whatever happens.
+trajectory: it is never trained. Nothing the policy writes fails more than its turn: the parser
+types every malformed call, the tools answer every argument with an observation, and a tool
+that raises anything but EnvironmentFailure (a bug) fails its trajectory, never the run.
+Episodes are closed whatever happens.
 
 The trained tokens are the policy's own: `AgentSample.mask` is 1 exactly on the sampled ids
 (each turn's end token included), 0 on the prompt, observations and template framing.
@@ -43,7 +46,7 @@ import torch
 
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
-from retrograd.agent.types import Episode, Observation
+from retrograd.agent.types import Episode, Observation, quoted
 from retrograd.errors import EnvironmentFailure
 from retrograd.rollout.backend import InProcessBackend
 from retrograd.sampling.params import FINISH_STOP
@@ -325,13 +328,18 @@ class AgentRoller:
                 if call["name"] in plan["unknown"]:
                     names = ", ".join(sorted(m.toolbox.names)) or "none"
                     obs = Observation(
-                        f"unknown tool '{call['name']}'; the tools are: {names}", True
+                        f"unknown tool '{quoted(call['name'])}'; the tools are: {names}", True
                     )
                 else:
                     try:
                         obs = m.toolbox.call(call["name"], call["arguments"])
                     except EnvironmentFailure as e:
                         self._end(m, "failed", str(e))
+                        return
+                    except Exception as e:  # a tool's bug: its trajectory, never the run
+                        name = quoted(call["name"])
+                        log.warning("tool %s raised", name, exc_info=True)
+                        self._end(m, "failed", f"tool {name} raised {type(e).__name__}: {e}")
                         return
                 self._observe(m, call, obs)
                 if obs.reward is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -195,3 +197,82 @@ def test_a_template_that_trims_turns_still_continues_them_as_sampled(tmp_path):
     for text in scripts[1]:
         want += tok.tokenize(text, add_bos=False, parse_special=True) + [EOS]
     assert trained == want  # the trailing newlines stay in what the model read and trains
+
+
+def test_hostile_calls_are_answered_and_the_trajectories_go_on(model, tmp_path):
+    """A local sandbox with real tools: NUL bytes, lone surrogates, nesting past the parser,
+    NaN, wrong types, unknown and enormous names and paths out of the workspace are each a
+    failed call answered with an error; every trajectory ends as its policy ends it."""
+    from retrograd.agent.local import LocalPool
+    from retrograd.agent.sandbox_env import SandboxEnvironment
+    from retrograd.agent.tools.catalog import load_catalog
+    from retrograd.config.agent import ToolsConfig
+
+    deep = call("bash", command=json.loads("[" * 70 + "]" * 70))  # past the depth limit
+    nan = '<tool_call>{"name":"bash","arguments":"{\\"command\\": NaN}"}</tool_call>'
+    scripts = {
+        1: [
+            call("bash", command="a\x00b"),
+            call("write_file", path="ok", content="\ud800"),
+            "done",
+        ],
+        2: [deep, call("bash", command=["ls"]), "done"],
+        3: [call("\ud800"), call("x" * 210), call("read_file", path="../../etc/passwd"), "done"],
+        4: [nan, call("bash", command="echo${IFS}survived"), "done"],
+    }
+    (tmp_path / "work").mkdir()
+    short = [  # the built-ins with one-word descriptions: a short prompt for the tiny model
+        {"id": f"{f}-short", "version": 1, "name": f, "description": ".", "builtin": {"factory": f}}
+        for f in ("write_file", "read_file")
+    ]
+    short.append({**short[0], "id": "bash-short", "name": "bash", "builtin": {"factory": "shell"}})
+    tools = {
+        "default": "mini",
+        "tool": short,
+        "toolset": {"mini": {"tools": [t["id"] for t in short]}},
+    }
+    catalog = load_catalog(ToolsConfig.model_validate(tools), tmp_path)
+    env = SandboxEnvironment(LocalPool(parent=tmp_path / "work"), catalog)
+    limits = Limits(max_turns=4, max_new_tokens_per_turn=320, max_trajectory_tokens=4000)
+    try:
+        group, _ = roll(model, scripts, env, limits)
+    finally:
+        env.close()
+    by_seed = {s.traj.seed: s.traj for s in group}
+    for seed, traj in by_seed.items():
+        assert traj.finish == "no_tool_call", (seed, traj.finish, traj.failure, traj.messages)
+        answers = [m for m in traj.messages[1:-1] if m["role"] in ("tool", "user")]
+        assert len(answers) == len(scripts[seed]) - 1
+        if seed != 4:
+            assert all(m.get("is_error") or m["content"].startswith("ERROR") for m in answers)
+        for m in traj.messages:
+            json.dumps(m, ensure_ascii=False).encode()  # every message is text
+    assert "NUL byte" in by_seed[1].messages[2]["content"]
+    assert "lone surrogate" in by_seed[1].messages[4]["content"]
+    assert "nested more than 64" in by_seed[2].messages[2]["content"]
+    assert len(by_seed[3].messages[4]["content"]) < 600  # the long name is quoted, not echoed
+    assert by_seed[4].messages[4]["content"] == "exit code: 0\nstdout:\nsurvived\n"
+
+
+def test_a_tool_that_raises_fails_its_trajectory_not_the_run(model):
+    class Buggy(CounterEnvironment):
+        def open(self, scenario, seed):
+            episode = super().open(scenario, seed)
+            step = episode.step
+
+            def buggy(name, arguments):
+                if name == "add":
+                    raise ValueError("embedded null byte")
+                return step(name, arguments)
+
+            episode.step = buggy
+            return episode
+
+    env = Buggy()
+    group, _ = roll(model, {1: [call("add", n=1)], 2: [call("finish")]}, env)
+    by_seed = {s.traj.seed: s.traj for s in group}
+    assert (
+        by_seed[1].failed and by_seed[1].failure == "tool add raised ValueError: embedded null byte"
+    )
+    assert by_seed[2].finish == "done" and not by_seed[2].failed
+    assert env.opened == env.closed == 2

@@ -5,8 +5,10 @@ Every tool here runs through `Sandbox.exec` alone, with what the container image
 `cat`, `mkdir`, `grep`, `sort` and GNU `find -printf`. A model's argument always reaches the
 sandbox as one argv element (scripts read it as "$1"), never spliced into a command line.
 Listings and matches are sorted inside the sandbox, before the output cap cuts them, so the
-same workspace always reads the same bytes. The built-ins are declared in BUILTIN_DEFINITIONS
-in the format of any definition file; a changed wording or schema is a new `id@2` there.
+same workspace always reads the same bytes. A call's keys must be the schema's: an unknown one
+is refused, as is any argument base.py's checks refuse, and a path the script finds leading out
+of the workspace. The built-ins are declared in BUILTIN_DEFINITIONS in the format of any
+definition file; a changed wording or schema is a new `id@2` there.
 """
 
 from __future__ import annotations
@@ -16,43 +18,57 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from retrograd.agent.tools.base import (
+    INSIDE,
+    OUTSIDE,
     Refused,
     Tool,
     cap_marker,
     decode,
+    known_args,
     object_schema,
+    outside,
     render_exec,
     string_arg,
     string_list_arg,
     workspace_path,
 )
-from retrograd.agent.types import Observation, Sandbox, ToolSpec
+from retrograd.agent.types import Observation, Sandbox, ToolSpec, quoted
 from retrograd.errors import ConfigError
 
+_CHECK = f'{INSIDE}inside "$1" || exit {OUTSIDE}; '
 # "$1" is the path: its directory is made first (pure sh, no dirname), then stdin written.
-WRITE_SCRIPT = 'case "$1" in */*) mkdir -p -- "${1%/*}" || exit 1;; esac; cat > "$1"'
+WRITE_SCRIPT = _CHECK + 'case "$1" in */*) mkdir -p -- "${1%/*}" || exit 1;; esac; cat > "$1"'
+READ_SCRIPT = _CHECK + 'exec cat -- "$1"'
 # The entries of "$1" (names, kinds, sizes), NUL-separated and sorted bytewise.
-LIST_SCRIPT = (
+LIST_SCRIPT = _CHECK + (
     'cd -- "$1" || exit 1; '
     "find . -mindepth 1 -maxdepth 1 -printf '%P\\t%y\\t%s\\0' | LC_ALL=C sort -z"
 )
-# grep's own exit status survives the sort: 1 with no stderr means no match.
+# grep's own exit status survives the sort: 1 with no stderr means no match. "$2", when
+# given, is the path.
 GREP_SCRIPT = (
+    f'{INSIDE}[ "$#" -lt 2 ] || inside "$2" || exit {OUTSIDE}; '
     'p=$1; shift; out=$(grep -rnI -e "$p" -- "$@"); s=$?; '
     '[ -n "$out" ] && printf "%s\\n" "$out" | LC_ALL=C sort; exit $s'
 )
 
 
 def _refusable(call: Callable[..., Observation]) -> Callable[..., Observation]:
-    """A call whose Refused arguments become error observations."""
+    """A call whose arguments are the schema's keys, and whose Refused arguments become
+    error observations."""
 
     def wrapped(self, sandbox: Sandbox, arguments: dict[str, Any]) -> Observation:
         try:
-            return call(self, sandbox, arguments)
+            return call(self, sandbox, known_args(arguments, self.spec))
         except Refused as refused:
             return Observation(str(refused), is_error=True)
 
     return wrapped
+
+
+def _refused_path(result) -> bool:
+    """True when the script refused its path as leading outside the workspace."""
+    return result.exit_code == OUTSIDE and not result.timed_out
 
 
 class Shell(Tool):
@@ -119,15 +135,20 @@ class RunTests(Tool):
 
 
 def _read(sandbox: Sandbox, path: str) -> tuple[bytes, bool]:
-    result = sandbox.exec(["cat", "--", path])
+    result = sandbox.exec(["sh", "-c", READ_SCRIPT, "sh", path])
+    if _refused_path(result):
+        raise outside(path)
     if not result.ok:
-        raise Refused(f"cannot read '{path}'")
+        raise Refused(f"cannot read '{quoted(path)}'")
     return result.stdout, result.truncated
 
 
 def _write(sandbox: Sandbox, path: str, data: bytes) -> None:
-    if not sandbox.exec(["sh", "-c", WRITE_SCRIPT, "sh", path], stdin=data).ok:
-        raise Refused(f"cannot write '{path}'")
+    result = sandbox.exec(["sh", "-c", WRITE_SCRIPT, "sh", path], stdin=data)
+    if _refused_path(result):
+        raise outside(path)
+    if not result.ok:
+        raise Refused(f"cannot write '{quoted(path)}'")
 
 
 class ReadFile(Tool):
@@ -161,7 +182,7 @@ class WriteFile(Tool):
     @_refusable
     def call(self, sandbox, arguments):
         path = workspace_path(string_arg(arguments, "path"))
-        data = string_arg(arguments, "content").encode()
+        data = string_arg(arguments, "content", data=True).encode()
         _write(sandbox, path, data)
         return Observation(f"wrote {len(data)} bytes to '{path}'")
 
@@ -188,20 +209,20 @@ class EditFile(Tool):
     @_refusable
     def call(self, sandbox, arguments):
         path = workspace_path(string_arg(arguments, "path"))
-        old = string_arg(arguments, "old_string").encode()
-        new = string_arg(arguments, "new_string").encode()
+        old = string_arg(arguments, "old_string", data=True).encode()
+        new = string_arg(arguments, "new_string", data=True).encode()
         if not old:
             raise Refused("argument 'old_string' must not be empty")
         data, cut = _read(sandbox, path)
         if cut:  # NOTE: only what fits the output cap was read; writing it back would lose the rest
-            raise Refused(f"'{path}' is too large to edit")
+            raise Refused(f"'{quoted(path)}' is too large to edit")
         count = data.count(old)  # bytes, so a file that is not UTF-8 survives the edit
         if count == 0:
-            raise Refused(f"old_string not found in '{path}'")
+            raise Refused(f"old_string not found in '{quoted(path)}'")
         if count > 1:
             raise Refused(
-                f"old_string appears {count} times in '{path}'; include more context to make "
-                "it unique"
+                f"old_string appears {count} times in '{quoted(path)}'; include more context "
+                "to make it unique"
             )
         _write(sandbox, path, data.replace(old, new))
         return Observation(f"edited '{path}'")
@@ -224,8 +245,10 @@ class ListDir(Tool):
     def call(self, sandbox, arguments):
         path = workspace_path(string_arg(arguments, "path", default="."))
         result = sandbox.exec(["sh", "-c", LIST_SCRIPT, "sh", path])
+        if _refused_path(result):
+            raise outside(path)
         if not result.ok:
-            raise Refused(f"cannot list '{path}'")
+            raise Refused(f"cannot list '{quoted(path)}'")
         records = result.stdout.split(b"\0")[:-1]  # the last one is empty, or cut by the cap
         if not records:
             return Observation(cap_marker("(empty)", result.truncated))
@@ -264,6 +287,8 @@ class Grep(Tool):
         # Without a path grep -r searches "." and names files without a "./" prefix.
         paths = [workspace_path(string_arg(arguments, "path"))] if "path" in arguments else []
         result = sandbox.exec(["sh", "-c", GREP_SCRIPT, "sh", pattern, *paths])
+        if paths and _refused_path(result):
+            raise outside(paths[0])
         if result.exit_code == 1 and not result.timed_out and not result.stderr.strip():
             return Observation("no match")
         return render_exec(result)
@@ -289,7 +314,7 @@ class Submit(Tool):
 
     @_refusable
     def call(self, sandbox, arguments):
-        string_arg(arguments, "message", default="")
+        string_arg(arguments, "message", default="", data=True)
         return Observation("submitted", done=True)
 
 

@@ -1,6 +1,8 @@
 """A tool written in any language, run inside the trajectory's sandbox (`exec = {...}`).
 
-The program gets the model's arguments as one JSON object on stdin. With `protocol = "text"`
+The program gets the model's arguments as one JSON object on stdin; arguments JSON cannot
+carry (`toolcalls.argument_problem`: a lone surrogate, a number that is not finite, nesting
+past the limit) are an error observation and the program never runs. With `protocol = "text"`
 its result reads like any command (exit code, stdout, stderr); with `protocol = "json"` stdout
 is a reply `{"content": str, "is_error"?: bool, "reward"?: number, "done"?: bool}`, which is how
 a tool grades an action or ends the episode. A command that fails or times out is an
@@ -11,12 +13,12 @@ tool: EnvironmentFailure, and the trajectory is dropped rather than trained on g
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from retrograd.agent.tools.base import Tool, decode, render_exec
-from retrograd.agent.types import Observation, Sandbox, ToolSpec
+from retrograd.agent.types import Observation, Sandbox, ToolSpec, finite
 from retrograd.errors import EnvironmentFailure
+from retrograd.tokenizer.toolcalls import argument_problem
 
 REPLY_KEYS = {"content", "is_error", "reward", "done"}
 
@@ -33,6 +35,9 @@ class ExecTool(Tool):
         self.timeout_secs = timeout_secs
 
     def call(self, sandbox: Sandbox, arguments: dict[str, Any]) -> Observation:
+        problem = argument_problem(arguments)
+        if problem is not None:  # what JSON on stdin cannot carry never reaches the program
+            return Observation(problem, is_error=True)
         stdin = json.dumps(arguments, ensure_ascii=False).encode()
         result = sandbox.exec(self.argv, stdin=stdin, timeout=self.timeout_secs)
         if self.protocol == "text" or not result.ok:
@@ -61,11 +66,7 @@ class ExecTool(Tool):
             if not isinstance(reply.get(flag, False), bool):
                 raise self._broken(f'broke the json protocol: "{flag}" must be true or false')
         reward = reply.get("reward")
-        if reward is not None and (
-            isinstance(reward, bool)
-            or not isinstance(reward, (int, float))
-            or not math.isfinite(reward)
-        ):
+        if reward is not None and not finite(reward):
             raise self._broken('broke the json protocol: "reward" must be a finite number')
         return Observation(
             content,
