@@ -76,23 +76,23 @@ DEFAULTS = {
 # -- data ------------------------------------------------------------------------------------
 
 
-def write_corpus(workdir: Path, windows: int) -> list[list[int]]:
-    """A text file that our loader cuts into `windows` full windows of CTX ids (plus a short
+def write_corpus(workdir: Path, windows: int, ctx: int = CTX) -> list[list[int]]:
+    """A text file that our loader cuts into `windows` full windows of `ctx` ids (plus a short
     tail); returns those full windows, as `retrograd train` will see them."""
     import retrograd
     from retrograd.data.sft import load_sft_data
 
     tok = retrograd.load_tokenizer(str(gemma()))
     lines = (ROOT / "tests/data/varied.txt").read_text(encoding="utf-8").splitlines(True)
-    need = windows * (CTX - 1) + 1  # windows overlap by one token
+    need = windows * (ctx - 1) + 1  # windows overlap by one token
     text, i = "", 0
     while len(tok.tokenize(text)) < need:
         text += "".join(lines[i % len(lines) : i % len(lines) + 8])
         i += 8
     path = workdir / "corpus.txt"
     path.write_text(text, encoding="utf-8")
-    data = load_sft_data(path, tok, CTX, "text")
-    full = [list(e.ids) for e in data.examples if len(e.ids) == CTX]
+    data = load_sft_data(path, tok, ctx, "text")
+    full = [list(e.ids) for e in data.examples if len(e.ids) == ctx]
     assert len(full) >= windows, (len(full), windows)
     (workdir / "windows.json").write_text(json.dumps(full[:windows]))
     return full[:windows]

@@ -50,8 +50,9 @@ def hwm_mib() -> float | None:
     return None
 
 
-def summary(ends: list[float], warmup: int) -> dict:
-    """Median and spread of the step times after `warmup` steps, from the steps' end times."""
+def summary(ends: list[float], warmup: int, tokens: int = CTX) -> dict:
+    """Median and spread of the step times after `warmup` steps, from the steps' end times;
+    `tokens` a step."""
     times = [b - a for a, b in itertools.pairwise(ends[warmup - 1 :])]
     med = statistics.median(times)
     return {
@@ -59,7 +60,7 @@ def summary(ends: list[float], warmup: int) -> dict:
         "min_s": min(times),
         "max_s": max(times),
         "steps": len(times),
-        "tok_s": CTX / med,
+        "tok_s": tokens / med,
         "maxrss_mib": maxrss_mib(),
         "train_peak_mib": hwm_mib(),
         "times": [round(t, 3) for t in times],
@@ -214,8 +215,9 @@ def worker_loop(args) -> dict:
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=True)
     ends: list[float] = []
     losses: list[float] = []
+    windows = windows_of(args)
     reset_hwm()
-    for window in windows_of(args):
+    for window in windows:
         ids = torch.tensor([window])  # (1, CTX)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -225,7 +227,7 @@ def worker_loop(args) -> dict:
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         ends.append(time.perf_counter())
-    return summary(ends, args.warmup) | {
+    return summary(ends, args.warmup, len(windows[0])) | {
         "first_loss": losses[0],
         "attention": model.config._attn_implementation,
         "optimizer": f"{type(opt).__name__} (fused)",
@@ -255,13 +257,31 @@ threads = {threads}
 lr = {lr}
 lr_scheduler = "constant"
 ctx = {ctx}
-micro_batch = {ctx}
+micro_batch = {micro_batch}
 gradient_accumulation = 1
 
 [sft]
 data = "corpus.txt"
 shuffle = false
 """
+
+
+def write_run_file(workdir: Path, threads: int, ctx: int = CTX, micro_batch: int = CTX) -> Path:
+    """Our SFT run file in `workdir` (beside its corpus.txt): the shared LoRA and optimizer."""
+    run_file = workdir / "run.toml"
+    run_file.write_text(
+        RUN_FILE.format(
+            model=gemma().as_posix(),
+            rank=RANK,
+            alpha=ALPHA,
+            targets=json.dumps(OURS_TARGETS),
+            threads=threads,
+            lr=LR,
+            ctx=ctx,
+            micro_batch=micro_batch,
+        )
+    )
+    return run_file
 
 
 def worker_ours(args) -> dict:
@@ -271,19 +291,7 @@ def worker_ours(args) -> dict:
     from retrograd.algorithms.sft import run_sft
     from retrograd.config import load_run
 
-    workdir = Path(args.workdir)
-    run_file = workdir / "run.toml"
-    run_file.write_text(
-        RUN_FILE.format(
-            model=gemma().as_posix(),
-            rank=RANK,
-            alpha=ALPHA,
-            targets=json.dumps(OURS_TARGETS),
-            threads=args.threads,
-            lr=LR,
-            ctx=CTX,
-        )
-    )
+    run_file = write_run_file(Path(args.workdir), args.threads)
     ends: list[float] = []
     losses: list[float] = []
     info: dict = {}

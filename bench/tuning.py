@@ -3,9 +3,10 @@
 Importing retrograd turns on transparent huge pages for PyTorch's large CPU buffers
 (THP_MEM_ALLOC_ENABLE=1, which PyTorch reads once, at its first allocation), and loading a
 model sets glibc's allocator thresholds (`configure_allocator`: freed large blocks stay in the
-process). A peer measured without them takes page faults we do not, so a benchmark gives every
-process of every side the same two settings through `tune`, called before torch is imported.
-Knows nothing about the sides it tunes.
+process), and importing it sets OpenMP's wait policy (retrograd/threads.py: PASSIVE unless the
+caller's environment chose one). A peer measured without them takes page faults we do not, or
+spins where we sleep, so a benchmark gives every process of every side the same settings
+through `tune`, called before torch is imported. Knows nothing about the sides it tunes.
 """
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ def tune() -> str:
     if "torch" in sys.modules:
         raise RuntimeError("bench.tuning.tune() must run before torch is imported")
     os.environ.update(ENV)
-    # the very function our model loader calls, so both sides get the same mallopt values
+    # the very functions `import retrograd` and our model loader call, so every side gets the
+    # same wait policy and mallopt values
     from retrograd.model.device import configure_allocator
+    from retrograd.threads import apply_wait_policy, wait_policy
 
+    apply_wait_policy()
     configure_allocator()
     thp = os.environ["THP_MEM_ALLOC_ENABLE"]
-    return f"THP_MEM_ALLOC_ENABLE={thp}, glibc mallopt as retrograd's loader sets it"
+    return (
+        f"THP_MEM_ALLOC_ENABLE={thp}, glibc mallopt as retrograd's loader sets it, "
+        f"OpenMP wait policy {wait_policy()}"
+    )

@@ -14,6 +14,15 @@ __version__ = "0.1.0"
 # cost it 5-10% in address translation (docs/performance.md). THP_MEM_ALLOC_ENABLE=0 opts out.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+# NOTE: OpenMP threads that sleep while they wait for each other, rather than spin: beside
+# another busy process, spinning waiters burned the cores the late thread needed (an SFT run
+# beside one spinning process on 2 cores ran 7.2x slower, not 2x). libgomp reads the policy
+# when torch is imported, so it is set here, before anything of ours imports torch; the
+# user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (retrograd/threads.py).
+from retrograd.threads import apply_wait_policy as _apply_wait_policy  # noqa: E402
+
+_apply_wait_policy()
+
 
 def load(path, device="auto", dtype=None, adapter=None, threads=None, cache="auto"):
     from retrograd.model.model import load as _load

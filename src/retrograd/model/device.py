@@ -1,6 +1,7 @@
 """Device and thread selection: `auto`, `cpu` or `gpu`, and the compute dtype each one gets.
 
-Knows torch's device queries and the RETRO_THREADS variable; nothing about models.
+Knows torch's device queries; applies the thread count retrograd/threads.py chooses; nothing
+about models.
 `probe_device` answers without importing torch, for metadata-only commands.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retrograd.errors import ConfigError, DeviceError
+from retrograd.threads import choose_threads
 
 if TYPE_CHECKING:
     import torch
@@ -151,21 +153,13 @@ def configure_allocator() -> None:
 
 
 def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads from RETRO_THREADS, else `threads`, else all cores."""
+    """Set torch's intra-op threads as `retrograd.threads.choose_threads` says (RETRO_THREADS,
+    else `threads`, else OMP_NUM_THREADS, else every usable CPU); the count in force."""
     import torch
 
-    env = os.environ.get("RETRO_THREADS")
-    if env:
-        try:
-            threads = int(env)
-        except ValueError:
-            raise ConfigError(f"RETRO_THREADS={env!r}: must be a positive integer") from None
-        if threads < 1:
-            raise ConfigError(f"RETRO_THREADS={env}: must be at least 1")
-    if threads is not None:
-        if threads < 1:
-            raise ConfigError(f"[training].threads = {threads}: must be at least 1")
-        torch.set_num_threads(threads)
+    chosen = choose_threads(threads)
+    if chosen is not None:
+        torch.set_num_threads(chosen)
     return torch.get_num_threads()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -84,19 +83,22 @@ def test_docs_key_tables_in_sync():
 
 
 def test_config_schema_command_is_fast_and_torch_free():
+    # NOTE: CPU seconds, not wall time: beside other work the wall time stretches with the load
+    # (2 s at a load of 14 on 2 cores), the CPU time does not. The command takes about 0.25 s
+    # of CPU; importing torch alone takes over 1 s.
     code = (
-        "import sys, time; t = time.perf_counter(); from retrograd.cli.server import main;"
+        "import sys, time; t = time.process_time(); from retrograd.cli.server import main;"
         "import retrograd.config; rc = main(['config-schema', '--compact']);"
-        "print('torch' in sys.modules, time.perf_counter() - t, file=sys.stderr); sys.exit(rc)"
+        "print('torch' in sys.modules, time.process_time() - t, file=sys.stderr); sys.exit(rc)"
     )
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
     schema = json.loads(done.stdout)
     assert schema == json_schema()
     torch_loaded, seconds = done.stderr.split()
     assert torch_loaded == "False"
-    assert float(seconds) < 2.0 and wall < 10.0  # well under a second on an idle machine
+    assert float(seconds) < 1.0
 
 
 def test_config_schema_help_and_output_file(tmp_path):
