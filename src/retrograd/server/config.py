@@ -182,7 +182,8 @@ class ServerConfig(Section):
         "Let clients name files on this machine; on when bound to loopback."
     )
     auth_token: Text | None = optional_key(
-        f"Bearer token every /v1 request must carry; or set {TOKEN_ENV}."
+        f"Bearer token every /v1 request must carry; or set {TOKEN_ENV}. Without one, /v1 "
+        "answers only requests to a loopback name that no page of another origin sent."
     )
     command_timeout_seconds: float = key(300.0, "Wait for a live run's answer.", gt=0)
     request_timeout_seconds: float = key(60.0, "Longest request (event streams exempt).", gt=0)

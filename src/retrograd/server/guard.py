@@ -4,7 +4,9 @@
 `Guard` is plain ASGI so that event streams pass through unbuffered. It answers 401 (with
 `WWW-Authenticate: Bearer`) for a missing or wrong token under /v1, unless the request is a
 signed link that links.py admits (decided here, before any route, so that no route's answer
-tells a stranger what exists), 413 for a body over the limit
+tells a stranger what exists); without a token, for a request addressed to another name than
+a loopback one or sent by a page of another origin (a web page the browser shows must not
+drive a server that trusts this machine); 413 for a body over the limit
 (announced by Content-Length, or counted as it arrives), 504 for a request over
 `request_timeout_seconds` (event streams exempt), 429 past `max_concurrent_requests` requests
 at once (event streams not counted: they last as long as their clients). `install_handlers` turns Problem, FastAPI's
@@ -18,6 +20,7 @@ import hmac
 import json
 import logging
 import uuid
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd import nesting
 from retrograd.errors import RetrogradError
+from retrograd.server.config import is_loopback
 from retrograd.server.links import Links
 from retrograd.server.problems import (
     MEDIA_TYPE,
@@ -95,8 +99,11 @@ class Guard:
         async def refuse(problem: Problem) -> None:
             await problem_response(problem, trace_id, self.redact)(scope, receive, send)
 
-        if self.token is not None and path.startswith("/v1") and not self._admitted_by(scope):
-            return await refuse(_unauthorized(scope.get("query_string", b"")))
+        if path.startswith("/v1"):
+            if self.token is None and not _from_this_machine(Headers(scope=scope)):
+                return await refuse(_not_from_this_machine())
+            if self.token is not None and not self._admitted_by(scope):
+                return await refuse(_unauthorized(scope.get("query_string", b"")))
         stream = path.endswith("/events")
         if not stream and self.max_concurrent is not None and self.active >= self.max_concurrent:
             return await refuse(
@@ -179,6 +186,35 @@ class Guard:
             f"the request body is over the server's limit ({limit} bytes)",
             meta={"max_body_bytes": limit},
         )
+
+
+def _loopback_name(host: str) -> bool:
+    """Whether a Host header (name or address, a port after it) names this machine."""
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return is_loopback(host)
+
+
+def _from_this_machine(headers: Headers) -> bool:
+    """A request addressed to a loopback name, not sent by a page of another origin: what a
+    server without a token answers. A site's name rebound to 127.0.0.1 fails the first, a
+    page elsewhere posting to 127.0.0.1 the second (browsers always send its Origin)."""
+    host = headers.get("host")
+    if host is not None and not _loopback_name(host):
+        return False
+    origin = headers.get("origin")
+    return origin is None or is_loopback(urlsplit(origin).hostname or "")
+
+
+def _not_from_this_machine() -> Problem:
+    return Problem(
+        "unauthorized",
+        "this server has no auth_token: it answers only requests to a loopback address or "
+        "localhost that no page of another origin sent; set auth_token to be reached otherwise",
+        [FieldError("/headers/host", "unauthorized", "not addressed from this machine")],
+    )
 
 
 def _unauthorized(query: bytes) -> Problem:

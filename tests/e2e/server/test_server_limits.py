@@ -84,7 +84,7 @@ def test_requests_past_max_concurrent_requests_are_refused(model, tmp_path):
                 # an upload that has sent half its body holds the one place
                 upload = socket.create_connection((host, int(port)))
                 upload.sendall(
-                    b"POST /v1/datasets HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                    b"POST /v1/datasets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
                     b"Content-Length: 100\r\n\r\nthe cat"
                 )
                 doc = _until_refused(c)

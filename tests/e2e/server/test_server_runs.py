@@ -145,7 +145,7 @@ def test_pause_checkpoint_resume_and_cancel_with_a_slow_client_connected(model, 
         # a client that opens the stream and never reads from it
         host, port = server.url.split("//")[1].split("/")[0].split(":")
         slow = socket.create_connection((host, int(port)))
-        slow.sendall(f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        slow.sendall(f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         events = server.events(rid)
         wait_for(events, "progress")
         assert c.post(f"/runs/{rid}/pause").json()["status"] == "pausing"

@@ -221,3 +221,42 @@ def test_trace_id_is_sent_once_and_equals_the_document(server):
         assert len(values) == 1 and values[0] == r.json()["trace_id"], (r.url, values)
     values = client.get("/v1/health", headers=bearer).headers.get_list("trace-id")
     assert len(values) == 1 and len(values[0]) == 32
+
+
+@pytest.fixture(scope="module")
+def tokenless(tmp_path_factory):
+    config = load_server_config(
+        overrides={"state_dir": str(tmp_path_factory.mktemp("open") / "state")}, environ={}
+    )
+    with TestClient(create_app(config), base_url="http://127.0.0.1:8471") as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({}, True),  # a script, curl, the SDKs: no Origin
+        ({"Host": "localhost:8471"}, True),
+        ({"Host": "[::1]:8471"}, True),
+        ({"Host": "127.0.0.2"}, True),
+        ({"Origin": "http://127.0.0.1:8471"}, True),  # the server's own page
+        ({"Origin": "http://localhost:5173"}, True),  # a page of this machine
+        ({"Host": "evil.example:8471"}, False),  # DNS rebinding: a site's name, our address
+        ({"Host": "127.0.0.1.evil.example"}, False),
+        ({"Host": "localhost.evil.example:8471"}, False),
+        ({"Origin": "https://evil.example"}, False),  # a page elsewhere, posting to us
+        ({"Origin": "null"}, False),  # a sandboxed frame or a file
+    ],
+)
+def test_without_a_token_only_this_machine_is_answered(tokenless, headers, allowed):
+    # with no token, a loopback server is open to whoever reaches the port: a web page the
+    # browser shows reaches it too, by a cross-site request or by rebinding its own name
+    r = tokenless.post(
+        "/v1/datasets?name=x", content=b"hello\n", headers=headers | {"Content-Type": "text/plain"}
+    )
+    if allowed:
+        assert r.status_code in (200, 201), r.text
+    else:
+        assert r.status_code == 401 and "loopback" in r.json()["detail"], r.text
+        assert tokenless.get("/v1/runs", headers=headers).status_code == 401
+    assert tokenless.get("/", headers=headers).status_code == 200  # the page is public

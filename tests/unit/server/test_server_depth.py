@@ -28,8 +28,8 @@ CHAT = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "
 def client(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("depth")
     config = load_server_config(overrides={"state_dir": str(tmp / "state")}, environ={})
-    app = create_app(config)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    app = create_app(config)  # no token: it answers requests to a loopback name only
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
         record = RunRecord(
             id=RUN, name=None, status="completed", algorithm="sft", model="m", created_at=now_ms()
         )
