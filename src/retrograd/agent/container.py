@@ -63,6 +63,15 @@ CLI_TIMEOUT_SECS = 120.0  # run, rm, ps, inspect
 ACQUIRE_TIMEOUT_SECS = 600.0  # waiting for a free container, rather than deadlocking
 _CHUNK = 1 << 16
 MAX_ZOMBIES = 4  # a container with more (init no longer reaps) is replaced, not leased
+# What a command may write to (/work, and the engines' IPC places), each emptied by RESET.
+WRITABLE = ("/dev/mqueue", "/dev/shm", WORKDIR)
+# The first container of a pool: the commands' uid, then every directory and regular file
+# it can write to (access(2) says EROFS on a read-only mount; find says 1 for the directories
+# it may not read).
+CHECK_IMAGE = (
+    "id -u && { find / \\( -path /proc -o -path /sys \\) -prune -o "
+    "\\( -type d -o -type f \\) -writable -print 2>/dev/null; [ $? -le 1 ]; }"
+)
 
 # Kills every process of the caller's uid but the caller (kill -1 spares it and the
 # namespace's init, which is another uid anyway), again and again until none is left: a fork
@@ -109,9 +118,9 @@ RESET = (
     REAP
     + r"""
 kill -0 -1 2>/dev/null && exit 3
-chmod -R u+rwX /work /dev/shm /dev/mqueue 2>/dev/null
-find /work /dev/shm /dev/mqueue -mindepth 1 -delete 2>/dev/null
-for d in /work /dev/shm /dev/mqueue; do [ ! -d $d ] || [ -z "$(ls -A $d)" ] || exit 4; done
+chmod -R u+rwX @WRITABLE@ 2>/dev/null
+find @WRITABLE@ -mindepth 1 -delete 2>/dev/null
+for d in @WRITABLE@; do [ ! -d $d ] || [ -z "$(ls -A $d)" ] || exit 4; done
 ! command -v ipcrm >/dev/null 2>&1 || ipcrm -a 2>/dev/null
 for f in /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem; do
     [ ! -e $f ] || [ "$(wc -l < $f)" -le 1 ] || exit 5
@@ -122,7 +131,7 @@ case ${s%% *} in S|R) ;; *) exit 6 ;; esac
 grep -q '^TracerPid:[[:space:]]*0$' /proc/1/status || exit 6
 z=$(grep -l '^State:[[:space:]]*Z' /proc/[0-9]*/status 2>/dev/null | wc -l)
 [ "$z" -le @MAX_ZOMBIES@ ] || exit 7
-""".replace("@MAX_ZOMBIES@", str(MAX_ZOMBIES))
+""".replace("@MAX_ZOMBIES@", str(MAX_ZOMBIES)).replace("@WRITABLE@", " ".join(WRITABLE))
 )
 
 
@@ -461,11 +470,13 @@ class ContainerSandbox(Sandbox):
         except EnvironmentFailure as err:
             self._broken = str(err)
             return
-        if done.returncode != 0:
-            self._broken = f"container {self.id[:12]}: " + (
-                "processes of a command survived every kill"
-                if done.returncode == 1
-                else f"the reaper failed: {done.stderr.strip() or done.returncode}"
+        if done.returncode == 1:
+            self._broken = f"container {self.id[:12]}: a command's processes survived every kill"
+        elif done.returncode != 0:
+            self._broken = f"container {self.id[:12]} " + (
+                f"failed its reaper: {done.stderr.strip() or done.returncode}"
+                if self.alive()
+                else "is gone"
             )
 
     def _exec_as_user(self, script: str) -> subprocess.CompletedProcess:
@@ -612,7 +623,7 @@ class ContainerPool(SandboxPool):
         self._idle: list[ContainerSandbox] = []
         self._live: dict[str, ContainerSandbox] = {}
         self._starting = 0
-        self._user_checked = False
+        self._image_checked = False
         self._closed = False
         self.stats = PoolStats()
         self._finalizer = weakref.finalize(self, _remove_pool, self.cli, self.id)
@@ -744,19 +755,22 @@ class ContainerPool(SandboxPool):
             if closed:
                 box.close()
                 raise EnvironmentFailure("the container pool is closed")
-            self._check_user(box)
+            self._check_image(box)
             return box
         finally:
             with self._cond:
                 self._starting -= 1
                 self._cond.notify_all()
 
-    def _check_user(self, box: ContainerSandbox) -> None:
-        """Once per pool: the image really runs its commands as a non-root user."""
-        if self._user_checked:
+    def _check_image(self, box: ContainerSandbox) -> None:
+        """Once per pool: the image's pid 1 starts, its commands run as a non-root user, and
+        nothing but WRITABLE is writable to them (what a reset empties; an engine that adds
+        writable places, as podman's service under a docker CLI adds /tmp and /run, would let
+        one trajectory leave files for the next)."""
+        if self._image_checked:
             return
         try:
-            result = box.exec(["id", "-u"], timeout=30.0)
+            result = box.exec(["sh", "-c", CHECK_IMAGE], timeout=120.0)
         except EnvironmentFailure:
             box.close()
             raise EnvironmentFailure(
@@ -764,14 +778,26 @@ class ContainerPool(SandboxPool):
                 "runs `env --ignore-signal=CHLD sleep infinity`, which needs GNU coreutils "
                 "8.31 or later"
             ) from None
-        uid = result.stdout.decode(errors="replace").strip()
+        uid, *writable = result.stdout.decode(errors="replace").split("\n")
+        uid, writable = uid.strip(), sorted(w for w in writable if w)
         if not result.ok or not uid.isdigit() or int(uid) == 0:
             box.close()
             raise EnvironmentFailure(
                 f"image {self.spec.image}: `id -u` printed {uid or 'nothing'!r} as uid "
                 f"{self.spec.user}; containers must run as a non-root user"
             )
-        self._user_checked = True
+        extra = [w for w in writable if w not in WRITABLE]
+        if extra:
+            box.close()
+            raise EnvironmentFailure(
+                f"image {self.spec.image}: uid {self.spec.user} can write to "
+                + ", ".join(extra[:5])
+                + (" ..." if len(extra) > 5 else "")
+                + f" besides {', '.join(WRITABLE)}: the engine "
+                f"({shlex.join(self.cli)}) does not keep the root read-only (with docker's CLI "
+                "in front of podman's service, use podman's own CLI)"
+            )
+        self._image_checked = True
 
     def _forget(self, box: ContainerSandbox) -> None:
         with self._cond:

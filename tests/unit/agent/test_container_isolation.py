@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from retrograd.agent.container import INIT_USER, ContainerSpec
+from retrograd.agent.container import INIT_USER, ContainerPool, ContainerSpec
 from retrograd.agent.seccomp import DENIED, profile
 from retrograd.config.agent import ContainerPool as PoolSettings
-from retrograd.errors import ConfigError
+from retrograd.errors import ConfigError, EnvironmentFailure
 from tests.unit.agent import containers
 from tests.unit.agent.containers import IMAGE, exists, spec, text
 
@@ -359,3 +359,23 @@ def test_only_work_dev_shm_and_dev_mqueue_are_writable(box):
         timeout=60,
     )
     assert sorted(text(found).split()) == ["/dev/mqueue", "/dev/shm", "/work"], found
+
+
+def test_an_engine_that_leaves_more_writable_is_refused(cli, monkeypatch):
+    """Where the engine adds writable places (podman's service behind a docker CLI mounts
+    /tmp, /var/tmp and /run for --read-only), a reset would not empty them: the pool's first
+    container refuses it, naming them."""
+    run_args = ContainerSpec.run_args
+
+    def with_tmp(self, labels, **keys):
+        args = run_args(self, labels, **keys)
+        return [*args[:2], "--tmpfs=/tmp:rw,mode=1777", *args[2:]]
+
+    monkeypatch.setattr(ContainerSpec, "run_args", with_tmp)
+    made = ContainerPool(spec(), cli=cli)
+    try:
+        with pytest.raises(EnvironmentFailure, match=r"can write to /tmp besides"):
+            made.acquire()
+        assert made.live == 0
+    finally:
+        made.close()
