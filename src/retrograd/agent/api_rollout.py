@@ -8,7 +8,9 @@ end_on_no_tool_call = false, is answered with an error and counts as a failed tu
 max_failed_turns failed turns in a row, max_turns and max_rollout_secs (checked between
 turns and before each call) truncate it, and a call whose observation says done (or submit)
 ends it; the calls after it are answered as not run. A malformed call or an unknown tool is a
-failed turn, answered with an error. A complete trajectory is
+failed turn, answered with an error, as are arguments no tool can take (a lone surrogate,
+NaN, nesting past 64 levels) and calls that are not objects; whatever the endpoint's strings
+hold, the record is text (a lone surrogate reads U+FFFD). A complete trajectory is
 verified; only the environment grades (final reward = the verification's reward). Turns are
 structured: `Turn.text` is the message content, without call markup. Knows the wire format and
 the Episode interface, not models, templates or tokens (`n_tokens` is the usage's completion
@@ -27,8 +29,16 @@ from retrograd import nesting
 from retrograd.agent.endpoint import ChatEndpoint
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
-from retrograd.agent.types import ERROR_PREFIX, Environment, Episode, Observation
+from retrograd.agent.types import (
+    ERROR_PREFIX,
+    Environment,
+    Episode,
+    Observation,
+    quoted,
+)
 from retrograd.errors import EnvironmentFailure
+from retrograd.text import as_text
+from retrograd.tokenizer.toolcalls import argument_problem
 
 NO_CALL = "the turn called no tool; call one of the tools to go on"
 SKIPPED = "not run: the trajectory ended at an earlier call of this turn"
@@ -146,26 +156,26 @@ def _turn(reply: dict, names: set[str], counter: int) -> tuple[Turn, dict]:
     """The Turn and the record-shaped assistant message of one reply. A call whose arguments
     are not a JSON object, or that names no offered tool, makes the turn invalid; it is still
     answered (with an error) so that the conversation stays well formed."""
-    content = reply.get("content") or ""
+    content = _text(reply.get("content"))
     calls, wire_calls, valid = [], [], True
-    for k, c in enumerate(reply.get("tool_calls") or []):
-        fn = c.get("function") or {}
-        name = fn.get("name") or ""
+    tool_calls = reply.get("tool_calls") or []
+    for k, c in enumerate(tool_calls if isinstance(tool_calls, list) else []):
+        c = c if isinstance(c, dict) else {}
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        name = _text(fn.get("name"))
         raw_args = fn.get("arguments", "{}")
         try:
             args = raw_args if isinstance(raw_args, dict) else nesting.loads(raw_args or "{}")
-            ok = isinstance(args, dict)
+            ok = isinstance(args, dict) and argument_problem(args) is None
         except (TypeError, ValueError):
             args, ok = None, False
         valid = valid and ok and name in names
-        cid = c.get("id") or f"call_{counter + k}"
+        cid = _text(c.get("id")) or f"call_{counter + k}"
         calls.append({"id": cid, "name": name, "arguments": args if ok else {}, "ok": ok})
+        # malformed arguments go back as they came when they are text (nothing else can)
+        sent = args if ok else _text(raw_args)
         wire_calls.append(
-            {
-                "id": cid,
-                "type": "function",
-                "function": {"name": name, "arguments": args if ok else raw_args},
-            }
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": sent}}
         )
     usage = reply.get("_usage") or {}
     turn = Turn(content, content, calls, valid, int(usage.get("completion_tokens") or 0))
@@ -189,10 +199,12 @@ def _step_calls(
         if finish is not None:
             obs = Observation(SKIPPED, is_error=True)
         elif not ok:
-            obs = Observation(f"arguments of '{call['name']}' are not a JSON object", True)
+            obs = Observation(f"arguments of '{quoted(call['name'])}' are not a JSON object", True)
         elif call["name"] not in names:
             known = ", ".join(sorted(names)) or "none"
-            obs = Observation(f"unknown tool '{call['name']}'; the tools are: {known}", True)
+            obs = Observation(
+                f"unknown tool '{quoted(call['name'])}'; the tools are: {known}", True
+            )
         else:
             obs = episode.step(call["name"], call["arguments"])
             if obs.reward is not None:
@@ -208,6 +220,12 @@ def _step_calls(
     if reward is not None:  # one step reward per turn, as a local rollout records it
         t.step_rewards.append(reward)
     return finish
+
+
+def _text(value: Any) -> str:
+    """A string an endpoint sent, as text (a lone surrogate made U+FFFD); "" for anything
+    else, which no field of a record can hold."""
+    return as_text(value) if isinstance(value, str) else ""
 
 
 def wire_messages(messages: list[dict]) -> list[dict]:

@@ -30,6 +30,7 @@ from retrograd.agent.trajectory import Trajectory
 from retrograd.agent.types import ERROR_PREFIX
 from retrograd.data.pairs import read_pair
 from retrograd.errors import ConfigError, DataError, RetrogradError
+from retrograd.text import json_dumps
 from retrograd.tokenizer.records import validate_record
 
 REJECTIONS = (
@@ -405,7 +406,7 @@ class RecordWriter:
         self._f = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 (closed in commit/close)
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._f.write(json_dumps(record) + "\n")  # a lone surrogate stays, escaped
         self._f.flush()
         self.count += 1
 

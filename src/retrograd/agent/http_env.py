@@ -35,12 +35,12 @@ from retrograd.agent.types import (
     Episode,
     Observation,
     ToolSpec,
-    as_text,
     finite,
     quoted,
 )
 from retrograd.config.agent import HttpEnvironment as HttpConfig
 from retrograd.errors import EnvironmentFailure
+from retrograd.text import as_text
 from retrograd.tokenizer.toolcalls import argument_problem
 
 TRUNCATED = "\n[output truncated]"

@@ -15,26 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrograd.text import as_text
+
 ERROR_PREFIX = "ERROR: "  # what the model sees before a failed call's observation
 QUOTE_LIMIT = 200  # characters of a model-written string that an error observation repeats
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def as_text(value: str) -> str:
-    """`value` with each lone surrogate made U+FFFD: text that every encoder, file and
-    tokenizer takes (JSON's \\ud800 escape puts one in a str, and UTF-8 cannot hold it)."""
-    if value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", value)
-    return value
 
 
 def finite(value: Any) -> bool:

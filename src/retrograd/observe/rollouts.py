@@ -30,6 +30,7 @@ from rich.console import Console
 
 from retrograd.gguf.writer import atomic_copy
 from retrograd.observe.feed import Feed, read_records
+from retrograd.text import json_dumps
 
 if TYPE_CHECKING:  # read by attribute only: no numpy for whoever imports the writer
     from retrograd.rollout.records import Group, Prompt, Rollout
@@ -381,7 +382,7 @@ class ObserveWriter:
         return Feed.rebuild(self.directory, self.directory / LOG)
 
     def _write(self, feed: Feed, log, batch: list[dict[str, Any]]) -> None:
-        lines = [json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in batch]
+        lines = [json_dumps(r, default=str) + "\n" for r in batch]  # lone surrogates escaped
         log.write("".join(lines))
         log.flush()
         for record, line in zip(batch, lines, strict=True):

@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrograd.text import is_text
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -61,27 +63,15 @@ class ParsedTurn:
 MAX_ARGUMENT_DEPTH = 64  # objects and arrays inside each other, the arguments' own included
 
 
-def is_text(value: str) -> bool:
-    """True when `value` encodes as UTF-8: no lone surrogate (which JSON's \\ud800 escape and
-    Python's decoders can put in a str)."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _value_problem(value: Any) -> str | None:
     """Why one scalar cannot stand in arguments, or None."""
     if isinstance(value, str):
-        return None if is_text(value) else "a string holds a lone surrogate, which is not text"
+        return None if is_text(value) else "arguments hold a lone surrogate, which is not text"
     if isinstance(value, float):
-        return None if math.isfinite(value) else "a number is not finite"
+        return None if math.isfinite(value) else "arguments hold a number that is not finite"
     if value is None or isinstance(value, (bool, int)):
         return None
-    return f"JSON cannot hold a value of type {type(value).__name__}"
+    return f"arguments hold a {type(value).__name__} value, which JSON cannot carry"
 
 
 def argument_problem(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> str | None:
@@ -99,9 +89,9 @@ def argument_problem(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> str | None:
             if isinstance(item, dict):
                 for key in item:
                     if not isinstance(key, str):
-                        return f"JSON cannot hold a key of type {type(key).__name__}"
+                        return f"arguments hold a {type(key).__name__} key, which JSON cannot carry"
                     if not is_text(key):
-                        return "a key holds a lone surrogate, which is not text"
+                        return "arguments hold a lone surrogate, which is not text"
                 item = item.values()
             todo.extend((v, depth + 1) for v in item)
         elif (problem := _value_problem(item)) is not None:

@@ -212,3 +212,41 @@ def test_wire_messages_are_what_the_openai_sdk_sends():
         answer = client.chat.completions.create(model="gpt-test", messages=ours)
         assert answer.choices[0].message.content == "ok"
         assert api.requests[0]["messages"] == ours
+
+
+def completion(message: str) -> str:
+    """A chat completion's body around `message`, raw JSON text (escapes kept as written)."""
+    return '{"choices": [{"index": 0, "message": ' + message + "}], " + '"usage": {}}'
+
+
+def test_hostile_replies_are_failed_turns_and_the_record_is_text():
+    script = [
+        raw(
+            completion(
+                r'{"role": "assistant", "content": "x\ud800y", "tool_calls": [{"id": "a", '
+                r'"type": "function", "function": {"name": "add", '
+                r'"arguments": "{\"n\": \"\\ud800\"}"}}]}'
+            )
+        ),
+        raw(
+            completion(
+                '{"role": "assistant", "content": ["x"], "tool_calls": [5, {"function": 3}, '
+                '{"id": ["x"], "function": {"name": ["add"], "arguments": {"n": NaN}}}, '
+                '{"function": {"name": "\\udc80", "arguments": "{}"}}]}'
+            )
+        ),
+        reply("", calls=[("add", {"n": 3})]),
+        reply("Done."),
+    ]
+    env = CounterEnv()
+    with scripted_openai(script) as api, endpoint(api) as ep:
+        t = rollout(ep, env, scenario(), 0, 0, Limits(max_turns=4))
+        requests = api.requests
+    assert t.finish == "no_tool_call" and t.final_reward == 1.0
+    assert [turn.valid for turn in t.turns] == [False, False, True, True]
+    assert t.turns[0].content == "x\ufffdy" and t.turns[1].content == ""
+    assert len(requests) == 4  # every request after a hostile reply was sent
+    assert [s[2] for s in env.steps] == ["add"]  # no hostile call reached the episode
+    json.dumps(t.messages, ensure_ascii=False).encode()  # the record is text
+    sent = requests[1]["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert sent == '{"n": "\\ud800"}'  # malformed arguments go back as they came

@@ -334,3 +334,15 @@ def test_structured_turns_must_parse_back_to_their_calls(chat):
     assert "the hermes parser reads ['done', 'add'] back" in stats.first_unexportable
     [record] = select_traces([t], CollectOptions(), CollectStats())
     assert record["metadata"]["member"] == 0
+
+
+def test_a_record_with_a_lone_surrogate_is_written_and_reads_back(tmp_path):
+    out = tmp_path / "traces.jsonl"
+    writer = RecordWriter(out)
+    record = {"messages": [{"role": "user", "content": "é \ud800"}]}
+    writer.write(record)
+    writer.write({"messages": [{"role": "user", "content": "plain é"}]})
+    writer.commit()
+    lines = out.read_bytes().decode("utf-8").splitlines()
+    assert [json.loads(line) for line in lines][0] == record
+    assert lines[1] == '{"messages": [{"role": "user", "content": "plain é"}]}'  # as it was

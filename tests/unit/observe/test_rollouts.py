@@ -296,3 +296,25 @@ def test_an_unfinished_last_line_is_cut(tmp_path, data):
     rollouts.cut_unfinished_line(path, chunk=1000)
     kept = data[: data.rfind(b"\n") + 1]
     assert path.read_bytes() == kept
+
+
+def test_a_lone_surrogate_is_written_escaped_and_the_export_goes_on(tmp_path):
+    """A completion or prompt holding a lone surrogate (a JSON \\ud800 escape in the data) is
+    written with ASCII escapes and reads back as it was; the export stays on."""
+
+    def hostile(update: int):
+        groups = make_groups(update)
+        groups[0].members[0].text = "bad \ud800 text"
+        return groups
+
+    console = captured_console(terminal=False)
+    write_run(tmp_path, range(1, 3), console=console, groups_of=hostile)
+    assert output(console) == ""  # no "export disabled" warning
+    (tmp_path / "observe.jsonl").read_bytes().decode("utf-8")  # a UTF-8 file
+    texts = [
+        r["completion"] for r in of_type(tmp_path, "rollout") if r["group"] == r["member"] == 0
+    ]
+    assert texts == ["bad \ud800 text"] * 2
+    assert [u["update"] for u in of_type(tmp_path, "update")] == [1, 2]
+    member = update_view(tmp_path, 2)["groups"][0]["members"][0]
+    assert member["completion"] == "bad \ud800 text"

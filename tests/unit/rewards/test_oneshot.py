@@ -134,3 +134,18 @@ def test_judge_weight_when_allowed(oneshot):
     replies = _oneshot(oneshot(hooks), allow_judge_weight=True).score(REQUESTS[:1])
     assert replies == [RewardReply(0.5, 0.0)]
     assert json.loads(REQUESTS[0].line()) == {"prompt": "p", "completion": "a"}
+
+
+def test_nul_and_lone_surrogates_in_requests_and_replies(oneshot):
+    """A request whose text is not text (NUL, a lone surrogate) still goes out; a reply with a
+    \\ud800 escape in a key it ignores is read; a raw NUL inside a reply's string is malformed
+    JSON naming its line, a RewardError, never a UnicodeError."""
+    hooks = r"""
+def reply(req):
+    return '{"reward": %d, "note": "\\ud800"}' % len(req["completion"])
+"""
+    request = RewardRequest("p\ud800", "c\x00\ud800")
+    assert _oneshot(oneshot(hooks)).score([request]) == [RewardReply(3.0)]
+    nul = 'def reply(req):\n    return \'{"reward": 1, "note": "a\\x00b"}\'\n'
+    with pytest.raises(RewardError, match="line 1: malformed JSON"):
+        _oneshot(oneshot(nul)).score([request])

@@ -133,8 +133,8 @@ def test_arguments_a_tool_can_take_have_no_problem():
         ({"\udc80": 1}, "lone surrogate"),
         ({"a": math.nan}, "not finite"),
         ({"a": [math.inf]}, "not finite"),
-        ({"a": b"x"}, "JSON cannot hold"),
-        ({1: "x"}, "JSON cannot hold"),
+        ({"a": b"x"}, "bytes value, which JSON cannot carry"),
+        ({1: "x"}, "int key, which JSON cannot carry"),
     ],
 )
 def test_argument_problems_say_what_is_wrong(value, words):

@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from retrograd.agent.types import ExecResult, Observation, Sandbox, ToolSpec, quoted
-from retrograd.tokenizer.toolcalls import is_text
+from retrograd.text import is_text
 
 TRUNCATED = "[output truncated]"
 # Bytes of one model-written argument that travels as one argv element: Linux refuses an

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from retrograd.text import json_dumps
+
 
 def cache_key(model: str, prompt: str) -> str:
     """The row key of one request: sha256 over the model name and the prompt."""
@@ -61,7 +63,7 @@ class JudgeCache:
             row["scores"] = scores
         if text is not None:
             row["text"] = text
-        line = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+        line = (json_dumps(row) + "\n").encode()  # a verdict's lone surrogate stays escaped
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "ab") as f:
             f.write(line)

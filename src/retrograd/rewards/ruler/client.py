@@ -29,6 +29,7 @@ from retrograd import nesting
 from retrograd.errors import JudgeError
 from retrograd.rewards.ruler.cache import JudgeCache, cache_key
 from retrograd.rewards.ruler.prompt import extract_json
+from retrograd.text import as_text
 
 T = TypeVar("T")
 BACKOFF_SECS = 0.1
@@ -101,7 +102,9 @@ class JudgeClient:
         guided: dict | None = None,
     ) -> T:
         """The validated verdict of one prompt, from the cache when it holds one. `guided`: the
-        schema sent as guided_json (default `schema`), tighter where a grammar can say more."""
+        schema sent as guided_json (default `schema`), tighter where a grammar can say more.
+        A lone surrogate of a trajectory reaches the judge as U+FFFD (no request carries one)."""
+        prompt = as_text(prompt)
         key = cache_key(self.model, prompt)
         row = self.cache.get(key) if self.cache else None
         if row is not None and "scores" in row:
@@ -131,6 +134,7 @@ class JudgeClient:
 
     async def complete_text(self, prompt: str) -> str:
         """A prose answer at temperature 0 (a compaction summary), from the cache when it can."""
+        prompt = as_text(prompt)
         key = cache_key(self.model, prompt)
         row = self.cache.get(key) if self.cache else None
         if row is not None and isinstance(row.get("text"), str):

@@ -420,3 +420,31 @@ def test_a_refused_key_names_its_variable(monkeypatch, tmp_path):
         with pytest.raises(JudgeError, match="HTTP 401.*'RULER_TEST_UNSET_KEY' is not set"):
             unset.score_group(group(0.1, 0.2), group_id=0)
         assert ruler.score_group(group(0.1, 0.2), group_id=0) == [0.1, 0.2]
+
+
+def test_a_lone_surrogate_in_a_trajectory_or_a_verdict_is_judged_and_cached(monkeypatch, tmp_path):
+    """A trajectory holding a lone surrogate is judged (the judge reads U+FFFD), and a verdict
+    holding one is cached and read back, where either ended the run in UnicodeEncodeError."""
+
+    def verdict(body: dict) -> dict:
+        scores = [
+            {
+                "trajectory_id": t["trajectory_id"],
+                "explanation": "\ud800",
+                "score": quality(t["messages"]),
+            }
+            for t in shown(body)
+        ]
+        return reply(json.dumps({"scores": scores}))
+
+    hostile = [
+        Candidate([*OPENING, {"role": "assistant", "content": f"\ud800 q={q}"}]) for q in (0.1, 0.9)
+    ]
+    cache = str(tmp_path / "judge.jsonl")
+    with scripted_openai([verdict]) as api:
+        ruler = judge(api, monkeypatch, tmp_path, strategy={"mode": "listwise"}, cache_path=cache)
+        assert ruler.score_group(hostile, group_id=1) == [0.1, 0.9]
+        again = judge(api, monkeypatch, tmp_path, strategy={"mode": "listwise"}, cache_path=cache)
+        assert again.score_group(hostile, group_id=1) == [0.1, 0.9]  # from the cache
+    assert len(api.requests) == 1
+    assert "\ufffd q=0.1" in api.requests[0]["messages"][0]["content"]

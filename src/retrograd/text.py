@@ -1,0 +1,41 @@
+"""Strings that must be text. A Python str can hold a lone surrogate (U+D800 to U+DFFF alone),
+which a JSON `\\ud800` escape written by a model, a server or a data file puts there, and which
+no UTF-8 encoder, file, command line or tokenizer takes: one of them reaching `.encode()` ends
+whatever called it in UnicodeEncodeError.
+
+`is_text` tells; `as_text` makes each lone surrogate U+FFFD (for what a model or a tool reads);
+`json_dumps` writes JSON that always encodes, with ASCII escapes where a lone surrogate must
+stay as it was (a record read back holds the same string). Nothing here knows where a string
+came from or where it goes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_text(value: str) -> bool:
+    """True when `value` encodes as UTF-8 (holds no lone surrogate)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(value: str) -> str:
+    """`value` with each lone surrogate made U+FFFD."""
+    return value if is_text(value) else _SURROGATE.sub("\ufffd", value)
+
+
+def json_dumps(value: Any, **options: Any) -> str:
+    """`json.dumps(value, ensure_ascii=False, **options)`, or, when that text holds a lone
+    surrogate, the same value with ASCII escapes: text a UTF-8 file always takes."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return text if is_text(text) else json.dumps(value, ensure_ascii=True, **options)
