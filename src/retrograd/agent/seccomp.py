@@ -120,19 +120,17 @@ ARCH_MAP = (
     ("SCMP_ARCH_S390X", ("SCMP_ARCH_S390",)),
     ("SCMP_ARCH_RISCV64", ()),
 )
-S390 = ["s390", "s390x"]  # clone takes its flags second there
+S390 = ["s390", "s390x"]
 
 
 def _clone_rules() -> list[dict]:
+    """clone with any namespace flag fails (s390 takes the flags second, the rest first)."""
     rules = []
     for index, arches in ((0, {"excludes": {"arches": S390}}), (1, {"includes": {"arches": S390}})):
         for flag in CLONE_NAMESPACE_FLAGS:
-            rule = {"index": index, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
-            rules.append(
-                {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}
-                | {"args": [rule]}
-                | arches
-            )
+            arg = {"index": index, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
+            deny = {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}
+            rules.append({**deny, "args": [arg], **arches})
     return rules
 
 
