@@ -520,6 +520,17 @@ def _run_capped(
     return code, stdout, stderr, truncated
 
 
+def _start_failure(image: str, done: subprocess.CompletedProcess) -> str:
+    """Why `run` failed, short: a daemon that cannot read the seccomp profile quotes it whole."""
+    why = done.stderr.strip() or f"exit code {done.returncode}"
+    if "seccomp" in why:
+        why = why[:300] + (
+            " ... (the engine could not take the seccomp profile the CLI sent; podman's "
+            "service behind a docker CLI takes a path only: use podman's own CLI)"
+        )
+    return f"cannot start a container of {image}: {why}"
+
+
 # -- the pool -----------------------------------------------------------------------------
 
 
@@ -680,10 +691,7 @@ class ContainerPool(SandboxPool):
             done = _cli(self.cli, *args, check=False)
             self.stats.add(created=1, create_seconds=time.perf_counter() - t0)
             if done.returncode != 0:
-                raise EnvironmentFailure(
-                    f"cannot start a container of {self.spec.image}: "
-                    + (done.stderr.strip() or f"exit code {done.returncode}")
-                )
+                raise EnvironmentFailure(_start_failure(self.spec.image, done))
             box = ContainerSandbox(self.cli, done.stdout.split()[-1], self.spec, self._forget)
             with self._cond:
                 self._live[box.id] = box
