@@ -194,7 +194,7 @@ def main() -> None:
         tuning = tune()  # before torch, in every worker: the same process tuning
         print(json.dumps(WORKERS[args.worker](args) | {"tuning": tuning}))
         return
-    from retrograd.threads import choose_threads, usable_cpus
+    from retrograd.threads import choose_threads, default_threads, usable_cpus
 
     sides = [s for s in args.sides.split(",") if s]
     if not set(sides) <= set(SIDES) or not sides:
@@ -206,9 +206,11 @@ def main() -> None:
         sys.exit(
             f"--pin {args.pin}: not one of this process's CPUs {sorted(os.sched_getaffinity(0))}"
         )
-    # torchrun's ranks and users may set OMP_NUM_THREADS, which choose_threads leaves in force
+    # what a retrograd process would choose: RETRO_THREADS, else OpenMP's count (OMP_NUM_THREADS
+    # or every CPU of the affinity mask) bounded by the usable CPUs
     omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    args.threads = args.threads or choose_threads() or int(omp)
+    openmp = int(omp) if omp else len(os.sched_getaffinity(0))
+    args.threads = args.threads or choose_threads() or default_threads(openmp)
     res: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-contended-") as workdir:
         args.workdir = workdir

@@ -80,9 +80,8 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
 
 
 def choose_threads(threads: int | None = None) -> int | None:
-    """The intra-op thread count: RETRO_THREADS, else `threads` ([training].threads, the
-    Python API's argument), else OpenMP's own OMP_NUM_THREADS (torchrun sets 1), else every
-    usable CPU. None means: leave PyTorch's count as OMP_NUM_THREADS made it."""
+    """The intra-op thread count asked for: RETRO_THREADS, else `threads` ([training].threads,
+    the Python API's argument); None when neither is given (see `default_threads`)."""
     env = os.environ.get(THREADS_VARIABLE, "").strip()
     if env:
         try:
@@ -92,10 +91,15 @@ def choose_threads(threads: int | None = None) -> int | None:
         if threads < 1:
             raise ConfigError(f"{THREADS_VARIABLE}={env}: must be at least 1")
         return threads
-    if threads is not None:
-        if threads < 1:
-            raise ConfigError(f"[training].threads = {threads}: must be at least 1")
-        return threads
+    if threads is not None and threads < 1:
+        raise ConfigError(f"[training].threads = {threads}: must be at least 1")
+    return threads
+
+
+def default_threads(current: int) -> int:
+    """The count when none is asked for, from PyTorch's `current` one (OpenMP's: every CPU of
+    the affinity mask, or OMP_NUM_THREADS; a program may have set its own): bounded by the
+    usable CPUs, unless OMP_NUM_THREADS chose it (torchrun sets 1 for each rank)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
-        return None
-    return usable_cpus()
+        return current
+    return min(current, usable_cpus())

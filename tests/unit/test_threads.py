@@ -19,6 +19,7 @@ from retrograd.errors import ConfigError
 from retrograd.threads import (
     cgroup_cpu_quota,
     choose_threads,
+    default_threads,
     usable_cpus,
     wait_policy_environment,
 )
@@ -78,11 +79,8 @@ def test_the_users_wait_policy_wins(monkeypatch):
 def test_thread_count_precedence(monkeypatch):
     for name in ("RETRO_THREADS", "OMP_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    assert choose_threads() == usable_cpus() >= 1
+    assert choose_threads() is None  # nothing asked: default_threads decides
     assert choose_threads(3) == 3
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's ranks: left to OpenMP's own count
-    assert choose_threads() is None
-    assert choose_threads(2) == 2  # [training].threads still wins over it
     monkeypatch.setenv("RETRO_THREADS", "5")
     assert choose_threads(2) == 5
     monkeypatch.setenv("RETRO_THREADS", "many")
@@ -94,6 +92,15 @@ def test_thread_count_precedence(monkeypatch):
     monkeypatch.delenv("RETRO_THREADS")
     with pytest.raises(ConfigError, match=r"\[training\].threads = 0"):
         choose_threads(0)
+
+
+def test_the_default_keeps_torchs_count_within_the_usable_cpus(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("retrograd.threads.usable_cpus", lambda: 2)
+    assert default_threads(64) == 2  # OpenMP counted a host's CPUs; the quota allows 2
+    assert default_threads(1) == 1  # a program's own lower count stays
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # chosen by hand (or torchrun's 1): kept
+    assert default_threads(8) == 8
 
 
 def test_a_cgroup_quota_bounds_the_cpus(tmp_path: Path, monkeypatch):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retrograd.errors import ConfigError, DeviceError
-from retrograd.threads import choose_threads
+from retrograd.threads import choose_threads, default_threads
 
 if TYPE_CHECKING:
     import torch
@@ -153,14 +153,16 @@ def configure_allocator() -> None:
 
 
 def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads as `retrograd.threads.choose_threads` says (RETRO_THREADS,
-    else `threads`, else OMP_NUM_THREADS, else every usable CPU); the count in force."""
+    """Set torch's intra-op threads as retrograd/threads.py chooses them (RETRO_THREADS, else
+    `threads`, else torch's own count bounded by the usable CPUs); the count in force."""
     import torch
 
     chosen = choose_threads(threads)
-    if chosen is not None:
+    if chosen is None:
+        chosen = default_threads(torch.get_num_threads())
+    if chosen != torch.get_num_threads():
         torch.set_num_threads(chosen)
-    return torch.get_num_threads()
+    return chosen
 
 
 def available_memory(device: torch.device) -> int:
