@@ -3,7 +3,8 @@
 The weights are the adapter the run file trains unless --adapter, --checkpoint (the adapter
 exported beside a .state directory) or --base-only says otherwise; the base model is served
 beside it as `base`. The model is loaded before the server answers. Binding anything but a
-loopback address requires --api-key, which clients send as `Authorization: Bearer KEY`.
+loopback address requires --api-key, which clients send as `Authorization: Bearer KEY`;
+without it, only requests from this machine are answered (no web page of another origin).
 --port 0 picks a free port; the address is printed once the server listens.
 Requests join one live batch of at most --max-sequences answers at the next decode step;
 up to --max-queue more wait, and beyond that a request gets 503 with Retry-After.
@@ -39,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, metavar="N", help="context length (default: 4096)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
-    p.add_argument("--api-key", metavar="KEY", help="required from clients as a Bearer token")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="required from clients as a Bearer token (without it: requests from this "
+        "machine only, none from a web page of another origin)",
+    )
     p.add_argument(
         "--model-name", metavar="NAME", help="the model id (default: the adapter's file name)"
     )

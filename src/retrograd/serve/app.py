@@ -7,7 +7,8 @@ Generation runs on one worker thread (`worker.py`) in a live batch; handlers val
 and wait. `stream: true` sends server-sent events as the tokens are decided; with tools
 offered the answer is parsed whole at the end, so its content and calls come in one delta
 then. A client that goes away frees its row. Every error is OpenAI's JSON shape; with an
-API key, every route (the OpenAPI schema too) asks for it.
+API key, every route (the OpenAPI schema too) asks for it; without one, only requests from
+this machine are answered (local.py: no web page elsewhere may drive the model).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from retrograd.sampling import SampleRequest, SamplingParams
 from retrograd.sampling.batch import LiveBatch
 from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
 from retrograd.serve import protocol as proto
+from retrograd.serve.local import from_this_machine
 from retrograd.serve.protocol import ApiError
 from retrograd.serve.worker import Busy, Worker
 
@@ -44,9 +46,12 @@ def create_app(
     max_sequences: int = MAX_SEQUENCES,
     max_queue: int = MAX_QUEUE,
     batch=None,
+    local_only: bool = True,
 ) -> FastAPI:
     """An app answering for `loaded` (see weights.load_for_generation) under `name`.
-    batch: what generates (default: a LiveBatch over loaded.sampler)."""
+    batch: what generates (default: a LiveBatch over loaded.sampler). local_only: without
+    `api_key`, refuse requests not from this machine (False where another app in front of
+    this one decides who reaches it)."""
     batch = batch or LiveBatch(loaded.sampler, max_sequences)
     worker = Worker(batch, loaded.model.decoder, max_sequences, max_queue)
 
@@ -56,7 +61,7 @@ def create_app(
         worker.close()
 
     app = FastAPI(title="retrograd serve", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, local_only=local_only)
     app.state.worker = worker
     created = int(time.time())
     ids = {name: loaded.adapter is not None, BASE_ID: False}  # id -> adapter on
@@ -107,11 +112,13 @@ def create_app(
 
 
 class Guard:
-    """The API key (every route, when set) and the body size, before any route runs. Plain
-    ASGI, so that streamed responses and client disconnects pass through untouched."""
+    """The API key (every route, when set; else, with local_only, requests from this machine
+    only) and the body size, before any route runs. Plain ASGI, so that streamed responses
+    and client disconnects pass through untouched."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, local_only: bool = True):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+        self.local_only = local_only
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -119,6 +126,16 @@ class Guard:
             try:
                 if self.api_key is not None:
                     _authorize(headers, self.api_key)
+                elif self.local_only and not from_this_machine(
+                    headers.get("host"), headers.get("origin")
+                ):
+                    raise ApiError(
+                        403,
+                        "this server has no API key: it answers only requests to a loopback "
+                        "address or localhost that no page of another origin sent",
+                        None,
+                        "not_from_this_machine",
+                    )
                 size = headers.get("content-length")
                 if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
                     raise ApiError(

@@ -8,7 +8,6 @@ the closest known key), a bad budget, a duplicate catalogue id, a non-loopback b
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from retrograd.config.judge import CommandJudge, RulerJudge
 from retrograd.config.load import parse_toml
 from retrograd.config.report import issues_from_pydantic
 from retrograd.errors import ConfigError
+from retrograd.serve.local import is_loopback
 
 DEFAULT_BIND = "127.0.0.1:8471"
 TOKEN_ENV = "RETROGRAD_SERVER_TOKEN"
@@ -233,15 +233,6 @@ def split_bind(bind: str) -> tuple[str, int]:
     if found is None or int(found[3]) > 65535:
         raise ValueError(f"bind = {bind!r}: must be HOST:PORT, e.g. 127.0.0.1:8471 or [::1]:8471")
     return found[1] or found[2], int(found[3])
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def load_server_config(

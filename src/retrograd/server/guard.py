@@ -20,7 +20,6 @@ import hmac
 import json
 import logging
 import uuid
-from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd import nesting
 from retrograd.errors import RetrogradError
-from retrograd.server.config import is_loopback
+from retrograd.serve.local import from_this_machine
 from retrograd.server.links import Links
 from retrograd.server.problems import (
     MEDIA_TYPE,
@@ -100,7 +99,10 @@ class Guard:
             await problem_response(problem, trace_id, self.redact)(scope, receive, send)
 
         if path.startswith("/v1"):
-            if self.token is None and not _from_this_machine(Headers(scope=scope)):
+            headers = Headers(scope=scope)
+            if self.token is None and not from_this_machine(
+                headers.get("host"), headers.get("origin")
+            ):
                 return await refuse(_not_from_this_machine())
             if self.token is not None and not self._admitted_by(scope):
                 return await refuse(_unauthorized(scope.get("query_string", b"")))
@@ -186,26 +188,6 @@ class Guard:
             f"the request body is over the server's limit ({limit} bytes)",
             meta={"max_body_bytes": limit},
         )
-
-
-def _loopback_name(host: str) -> bool:
-    """Whether a Host header (name or address, a port after it) names this machine."""
-    if host.startswith("["):
-        host = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    return is_loopback(host)
-
-
-def _from_this_machine(headers: Headers) -> bool:
-    """A request addressed to a loopback name, not sent by a page of another origin: what a
-    server without a token answers. A site's name rebound to 127.0.0.1 fails the first, a
-    page elsewhere posting to 127.0.0.1 the second (browsers always send its Origin)."""
-    host = headers.get("host")
-    if host is not None and not _loopback_name(host):
-        return False
-    origin = headers.get("origin")
-    return origin is None or is_loopback(urlsplit(origin).hostname or "")
 
 
 def _not_from_this_machine() -> Problem:

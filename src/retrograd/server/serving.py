@@ -194,7 +194,7 @@ def _build(target: Target):
     record = target.run
     cfg = validate_run(record.document, source=f"run {record.id}", base_dir=record.base_dir)
     loaded = load_for_generation(cfg, target.adapter, None, None)
-    return create_app(loaded, target.model_id)
+    return create_app(loaded, target.model_id, local_only=False)  # the run server's guard decides
 
 
 def openai_error(error: ApiError) -> JSONResponse:

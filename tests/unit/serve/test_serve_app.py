@@ -164,6 +164,34 @@ def test_every_route_asks_for_the_key_when_one_is_set(chat_format):
         assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
 
 
+def test_without_a_key_only_this_machine_is_answered(chat_format):
+    # a web page the browser shows must not drive the model: by rebinding its own name to
+    # 127.0.0.1 (Host), or by posting to 127.0.0.1 from elsewhere (Origin)
+    app, _ = make(chat_format)
+    with serving(app) as url:
+        port = url.split(":")[2].split("/")[0]
+        ask = {"model": "tuned", "messages": HI, "max_tokens": 2}
+        for headers, allowed in (
+            ({}, True),
+            ({"Host": f"localhost:{port}"}, True),
+            ({"Origin": f"http://127.0.0.1:{port}"}, True),
+            ({"Host": f"evil.example:{port}"}, False),
+            ({"Origin": "https://evil.example"}, False),
+            ({"Origin": "null"}, False),
+        ):
+            r = httpx.post(url + "/chat/completions", json=ask, headers=headers)
+            if allowed:
+                assert r.status_code == 200, (headers, r.text)
+            else:
+                assert r.status_code == 403, (headers, r.text)
+                assert r.json()["error"]["code"] == "not_from_this_machine"
+                assert httpx.get(url + "/models", headers=headers).status_code == 403
+    app, _ = make(chat_format, api_key="s3cret")  # with a key, the key decides
+    with serving(app) as url:
+        key = {"Authorization": "Bearer s3cret", "Origin": "https://elsewhere.example"}
+        assert httpx.get(url + "/models", headers=key).status_code == 200
+
+
 def test_a_deeply_nested_body_is_a_400_in_openai_shape(chat_format):
     app, _ = make(chat_format)
     with serving(app) as url:
