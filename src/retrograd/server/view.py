@@ -2,8 +2,10 @@
 
 The viewer is the static page every [observe] directory holds (docs/observe.md); this serves
 the directory read-only (GET and HEAD) on a loopback address, so that a browser on this
-machine can open it by URL and follow a live run by reloading. It refuses other addresses, a
-folder without the viewer, and knows nothing about runs. A served run's rollouts are browsed in
+machine can open it by URL and follow a live run by reloading. It has no token: it answers
+only requests from this machine (serve/local.py: a loopback Host, no Origin of another page,
+so that no web page can read the rollouts). It refuses other addresses, a folder without the
+viewer, and knows nothing about runs. A served run's rollouts are browsed in
 the web page under `/` (ui.py); this is for an [observe] directory without a server.
 """
 
@@ -15,6 +17,7 @@ import socket
 from pathlib import Path
 
 from retrograd.errors import ConfigError
+from retrograd.serve.local import from_this_machine
 from retrograd.server.config import is_loopback, split_bind
 
 
@@ -24,6 +27,12 @@ class _ReadOnly(http.server.SimpleHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - the stdlib's naming
         self.send_error(405, "read-only")
+
+    def send_head(self):
+        if not from_this_machine(self.headers.get("Host"), self.headers.get("Origin")):
+            self.send_error(403, "only requests from this machine")
+            return None
+        return super().send_head()
 
     do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
 

@@ -26,6 +26,12 @@ def test_view_serves_the_viewer_read_only_on_loopback(tmp_path, capsys):
         assert httpx.get(url).text == "<html>viewer</html>"
         assert httpx.get(url.replace("index.html", "feed/index.json")).json() == {"updates": []}
         assert httpx.post(url).status_code == 405
+        # the viewer has no token: a web page may not read it by rebinding its own name to
+        # 127.0.0.1, nor from its origin (a script of this machine sends neither header)
+        port = url.split(":")[2].split("/")[0]
+        assert httpx.get(url, headers={"Host": f"localhost:{port}"}).status_code == 200
+        assert httpx.get(url, headers={"Host": f"evil.example:{port}"}).status_code == 403
+        assert httpx.get(url, headers={"Origin": "https://evil.example"}).status_code == 403
     finally:
         proc.terminate()
         proc.wait(timeout=30)
