@@ -546,8 +546,9 @@ class ContainerPool(SandboxPool):
     """Containers of one spec, at most `max_live` alive, `min_idle` kept started ahead.
 
     reuse = "never": a container serves one lease and is removed. reuse = "workspace": it serves
-    up to max_leases_per_container leases; before each after the first it is reset and checked
-    (ContainerSandbox.reset), and replaced by a fresh one when that fails. `acquire` blocks
+    up to max_leases_per_container leases. An idle container (reused, or started ahead) is reset
+    and checked before its lease (ContainerSandbox.reset), and replaced by a fresh one when
+    that fails. `acquire` blocks
     while max_live containers are leased.
     Creating a pool reaps stale containers first; close() (or, failing that, the end of the
     process) removes all of this pool's containers.
@@ -592,7 +593,7 @@ class ContainerPool(SandboxPool):
                 box = self._start()
                 box.leases = 1
                 return box
-            if box.leases == 0 or box.reset():  # started ahead, or reset and healthy
+            if box.reset():  # emptied and healthy (one started ahead may have died idle)
                 box.leases += 1
                 if box.leases > 1:
                     self.stats.add(reused=1)

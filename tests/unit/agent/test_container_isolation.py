@@ -315,6 +315,12 @@ def test_a_sick_container_is_replaced_before_its_next_lease(cli, pool):
     third = p.acquire()
     assert third is not second and third.exec(["true"]).ok
     assert p.live == 1
+    # one started ahead (min_idle) and gone before its first lease: replaced too
+    ahead = pool(PoolSettings(min_idle=1))
+    (idle,) = ahead._idle
+    subprocess.run([*cli, "rm", "-f", idle.id], check=True, capture_output=True)
+    fresh = ahead.acquire()
+    assert fresh is not idle and fresh.exec(["true"]).ok
 
 
 def test_a_fork_bomb_does_not_reach_the_next_lease(pool):
