@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 
-from retrograd.cli.common import DEVICE_HELP
+from retrograd.cli.common import DEVICE_HELP, peek_run_file
 from retrograd.errors import ConfigError
 
 PLACEHOLDER_MODEL = "(no model: not loaded)"
@@ -134,9 +133,8 @@ def load_agent_run(config: str, model=None, device=None, need_model: bool = True
 
 
 def _has_model_path(config: str) -> bool:
-    try:
-        data = tomllib.loads(Path(config).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    data = peek_run_file(config)
+    if data is None:
         return True  # load_run reports it
     return isinstance(data.get("model"), dict) and bool(data["model"].get("path"))
 

@@ -16,12 +16,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 
 from rich.console import Console
 
-from retrograd.cli.common import add_device_flag
+from retrograd.cli.common import add_device_flag, peek_run_file
 from retrograd.errors import ConfigError
 
 
@@ -93,9 +92,8 @@ def _model_for_validation(args) -> str | None:
     so a file without one is validated with the teacher in its place."""
     if args.model:
         return args.model
-    try:
-        data = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    data = peek_run_file(args.config)
+    if data is None:
         return None  # load_run reports it
     if isinstance(data.get("model"), dict) and data["model"].get("path"):
         return None

@@ -80,6 +80,25 @@ def test_toml_nested_too_deep_is_an_error_naming_the_place_not_a_recursion_error
         assert str(caught.value).startswith(f"{path}{message}"), str(caught.value)[:200]
 
 
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        (["train"], []),
+        (["tools", "list"], []),
+        (["judge", "eval"], ["--fixtures", "f.jsonl"]),
+        (["collect"], ["--out", "o.jsonl"]),
+        (["distill-teacher"], []),
+    ],
+)
+def test_commands_that_read_a_run_file_name_toml_nested_too_deep(tmp_path, capsys, command, flags):
+    # some commands glance at the file before load_run (is there a [model].path?)
+    from retrograd.cli.main import main
+
+    path = write(tmp_path, RUN + "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert main([*command, str(path), *flags]) != 0
+    assert f"{path}:15:69: invalid TOML: nested more than 64 levels deep" in capsys.readouterr().err
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such run file"):
         load_run(tmp_path / "absent.toml")
