@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from retrograd import nesting
 from retrograd.config.agent import AgentSection, McpServer
 from retrograd.errors import ConfigError
 
@@ -147,7 +148,7 @@ def _policy(server: McpServer, everything: bool) -> dict[str, Any]:
 def read_mcp_json(path: Path) -> list[ServerPlan]:
     """The servers of one mcp.json file; a disabled one comes back without command or url."""
     try:
-        document = json.loads(path.read_text())
+        document = nesting.loads(path.read_text())  # TooDeep: a JSONDecodeError
     except OSError as e:
         raise ConfigError(f"[agent].mcp_config = {path}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:

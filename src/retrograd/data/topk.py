@@ -28,6 +28,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from retrograd import nesting
 from retrograd.errors import DataError
 
 MAGIC = b"RGTOPK\x00\x01"
@@ -134,7 +135,7 @@ def read_topk(path: str | Path, where: str = "sidecar") -> TopK:
         raise DataError(f"{bad} (write one with `retrograd distill-teacher`)")
     (head_len,) = struct.unpack("<Q", raw[len(MAGIC) : len(MAGIC) + 8])
     try:
-        header = json.loads(raw[len(MAGIC) + 8 : len(MAGIC) + 8 + head_len])
+        header = nesting.loads(raw[len(MAGIC) + 8 : len(MAGIC) + 8 + head_len])
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise DataError(f"{bad} (its header is not JSON)") from None
     if header.get("format") != "retrograd-topk" or header.get("version") != VERSION:

@@ -220,6 +220,9 @@ def test_mcp_json_syntax_and_shape(tmp_path):
     path.write_text('{"mcpServers": {\n  "s": {"command": "x",}\n}}')
     with pytest.raises(ConfigError, match=rf"{path}:2:\d+: not valid JSON"):
         read_mcp_json(path)
+    path.write_text('{"mcpServers": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match=rf"{path}:1:79: not valid JSON: nested more than 64"):
+        read_mcp_json(path)
     path.write_text('{"servers": {}}')
     with pytest.raises(ConfigError, match=r'expected \{"mcpServers"'):
         read_mcp_json(path)

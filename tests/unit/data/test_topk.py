@@ -47,6 +47,10 @@ def test_a_file_that_is_not_a_sidecar_or_is_cut_short_is_refused(tmp_path):
     (tmp_path / "cut.topk").write_bytes(raw[: len(raw) - 10])
     with pytest.raises(DataError, match="truncated"):
         read_topk(tmp_path / "cut.topk")
+    deep = ("[" * 100_000 + "]" * 100_000).encode()  # a header no parser recurses through
+    (tmp_path / "deep.topk").write_bytes(MAGIC + len(deep).to_bytes(8, "little") + deep)
+    with pytest.raises(DataError, match="its header is not JSON"):
+        read_topk(tmp_path / "deep.topk")
 
 
 def test_tokenizer_fingerprint_sees_the_vocabulary_not_the_template():
