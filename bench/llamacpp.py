@@ -1,4 +1,4 @@
-"""llama.cpp decoding N sequences in parallel, greedily: the peer of our batched generation.
+"""llama.cpp decoding N sequences in parallel: the peer of our batched generation.
 
 What llama.cpp's own `batched` and `parallel` examples do, through llama-cpp-python's
 low-level API: one context with n_seq_max = N (llama.cpp's default layout: one KV stream per
@@ -6,8 +6,13 @@ sequence, not unified), n_batch = n_ubatch = 512 and the same thread count for p
 decoding. Prompts are prefilled in batches of up to n_batch tokens that mix sequences (logits
 only for each prompt's last token); then each step is one `llama_decode` of a batch holding
 every sequence's last token (its own seq_id and position), and the next tokens are the argmax
-of the (N, n_vocab) float32 logits it returns. End of generation is ignored, so every sequence
-makes exactly `new` tokens. N = 1 is llama.cpp's single stream. Knows nothing about us.
+of the (N, n_vocab) float32 logits it returns, or, at a temperature above 0, drawn by a
+llama.cpp sampler chain per sequence (its own seed) as we draw: the temperature first, then
+top-p over the tempered distribution (`llama_sampler_init_top_p`, a no-op at 1), then the draw
+(`llama_sampler_init_dist`). (llama.cpp's own default chain applies the temperature last, after
+top-k 40, top-p 0.95 and min-p 0.05; these are the settings we are compared at.) End of
+generation is ignored, so every sequence makes exactly `new` tokens. N = 1 is llama.cpp's
+single stream. Knows nothing about us.
 """
 
 from __future__ import annotations
@@ -59,20 +64,51 @@ class LlamaBatched:
             self._contexts[n_seq] = (ctx, batch)
         return self._contexts[n_seq]
 
-    def generate(self, prompts: list[list[int]], new: int) -> list[list[int]]:
-        """Greedy continuations of `new` tokens, all prompts decoded together."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        new: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[int]]:
+        """Continuations of `new` tokens, all prompts decoded together: greedy at temperature
+        0, else sampled (sequence s seeded with seed + s)."""
         lib = self.lib
         ctx, batch = self._context(len(prompts))
         lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
+        chains = None
+        if temperature > 0:
+            chains = [self._chain(temperature, top_p, seed + s) for s in range(len(prompts))]
         out: list[list[int]] = [[] for _ in prompts]
-        self._prefill(ctx, batch, prompts, out)
-        for step in range(new - 1):
-            cells = [(s, out[s][-1], len(p) + step) for s, p in enumerate(prompts)]
-            self._fill(batch, [(s, tok, pos, True) for s, tok, pos in cells])
-            self._decode(ctx, batch)
-            for s, tok in enumerate(self._argmax(ctx, len(prompts))):
-                out[s].append(tok)
+        try:
+            self._prefill(ctx, batch, prompts, out, chains)
+            for step in range(new - 1):
+                cells = [(s, out[s][-1], len(p) + step) for s, p in enumerate(prompts)]
+                self._fill(batch, [(s, tok, pos, True) for s, tok, pos in cells])
+                self._decode(ctx, batch)
+                picks = [(s, s) for s in range(len(prompts))]  # cell s is sequence s
+                for s, tok in enumerate(self._next(ctx, picks, chains)):
+                    out[s].append(tok)
+        finally:
+            for chain in chains or []:
+                lib.llama_sampler_free(chain)  # and the samplers added to it
         return out
+
+    def _chain(self, temperature: float, top_p: float, seed: int):
+        lib = self.lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(temperature))
+        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(top_p, 1))
+        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
+        return chain
+
+    def _next(self, ctx, picks: list[tuple[int, int]], chains) -> list[int]:
+        """The next token of each (sequence, batch index) whose logits the last decode made,
+        in batch order."""
+        if chains is None:
+            return self._argmax(ctx, len(picks))
+        return [self.lib.llama_sampler_sample(chains[s], ctx, i) for s, i in picks]
 
     def rate(self, prompts: list[list[int]], new: int) -> tuple[float, float]:
         """(generated tokens per second of wall time, prefill included; seconds)."""
@@ -82,7 +118,7 @@ class LlamaBatched:
         assert all(len(o) == new for o in out)
         return len(prompts) * new / dt, dt
 
-    def _prefill(self, ctx, batch, prompts, out) -> None:
+    def _prefill(self, ctx, batch, prompts, out, chains) -> None:
         cells = [
             (s, tok, pos, pos == len(p) - 1)
             for s, p in enumerate(prompts)
@@ -92,8 +128,8 @@ class LlamaBatched:
             part = cells[c : c + N_BATCH]
             self._fill(batch, part)
             self._decode(ctx, batch)
-            last = [s for s, _tok, _pos, wanted in part if wanted]
-            for s, tok in zip(last, self._argmax(ctx, len(last)), strict=True):
+            last = [(s, i) for i, (s, _tok, _pos, wanted) in enumerate(part) if wanted]
+            for (s, _i), tok in zip(last, self._next(ctx, last, chains), strict=True):
                 out[s].append(tok)
 
     @staticmethod

@@ -2,21 +2,26 @@
 batch and llama.cpp's parallel decoding, in one run.
 
   .venv/bin/python bench/serve.py [--threads 2] [--prompt 128] [--new 128] [--clients 1,8,32]
-                                  [--rounds 3] [--stream]
+                                  [--rounds 3] [--stream] [--sampling greedy,api,chat,1:0.95]
 
 Starts `retrograd serve --base-only` (a subprocess; --max-sequences the largest N, so every
 client of a run decodes at once) and for each N sends N chat completions at once through the
-openai SDK, one thread per client: greedy, `max_tokens` = 128 with `ignore_eos` (vLLM's
-extension, which serve honours), each client its own user message of about 128 tokens once
-rendered. Aggregate rate: generated tokens over the wall time from the first request to the
-last answer, HTTP, queueing and prefill included. In the same run, with the same threads and
-process tuning (bench/tuning.py) and on the very same prompt ids (the chat template's
-rendering, as serve makes it): the sampler's own batch of N sequences (one
+openai SDK, one thread per client: `max_tokens` = 128 with `ignore_eos` (vLLM's extension,
+which serve honours), each client its own user message of about 128 tokens once rendered,
+once for each way of choosing tokens (--sampling, as bench/generate.py): `greedy`
+(temperature 0); `api`, the OpenAI API's defaults (temperature 1, top_p 1: the request names
+neither, so serve's defaults apply); `chat`, `retrograd chat`'s defaults (temperature 0.7,
+top_p 0.95); `T:P` any other (1:0.95, a chat client at temperature 1 with a nucleus). Each
+client sends its own seed. Aggregate rate: generated tokens over the wall time from the first
+request to the last answer, HTTP, queueing and prefill included. In the same run, with the
+same threads, process tuning (bench/tuning.py) and settings, on the very same prompt ids (the
+chat template's rendering, as serve makes it): the sampler's own batch of N sequences (one
 `Sampler.generate` call in this process) and llama.cpp decoding N sequences in parallel
-(bench/llamacpp.py). Every side is warmed up at each N first. The first round measures every
-N; each later round measures the three sides at 8 again, back to back; the goals read the
-medians: 8 clients through serve at least 90% of the sampler's 8 sequences, and above
-llama.cpp's 8 parallel sequences. --stream measures streamed answers instead.
+(bench/llamacpp.py, its sampler chain applying the settings as we do). Every side is warmed
+up at each N and setting first. The first round measures every N; each later round measures
+the three sides at 8 again, back to back; the goals read the medians: 8 clients through
+serve at least 90% of the sampler's 8 sequences, and above llama.cpp's 8 parallel sequences.
+--stream measures streamed answers instead.
 """
 
 from __future__ import annotations
@@ -35,7 +40,17 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from bench.generate import TEXT, WARM, Ours, gemma, timed
+from bench.generate import (
+    PRESETS,
+    TEXT,
+    WARM,
+    Ours,
+    Sampling,
+    add_sampling,
+    gemma,
+    parse_samplings,
+    timed,
+)
 from bench.llamacpp import LlamaBatched
 from bench.tuning import tune
 
@@ -81,15 +96,17 @@ class Server:
         self.client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600)
         print(line.strip(), flush=True)
 
-    def ask(self, text: str, new: int, stream: bool) -> int:
-        """One greedy answer of `new` tokens; -> the tokens the server counted."""
+    def ask(self, text: str, new: int, stream: bool, sampling: Sampling, seed: int) -> int:
+        """One answer of `new` tokens; -> the tokens the server counted."""
         kw = dict(
             model="gemma",
             messages=[{"role": "user", "content": text}],
-            temperature=0,
             max_tokens=new,
+            seed=seed,
             extra_body={"ignore_eos": True},
         )
+        if sampling != PRESETS["api"]:  # the API's defaults: the request names neither
+            kw |= dict(temperature=sampling.temperature, top_p=sampling.top_p)
         if not stream:
             return self.client.chat.completions.create(**kw).usage.completion_tokens
         chunks = self.client.chat.completions.create(
@@ -97,10 +114,15 @@ class Server:
         )
         return [c for c in chunks if c.usage][-1].usage.completion_tokens
 
-    def generate(self, texts: list[str], new: int, stream: bool) -> list[list[int]]:
-        """All texts at once, a client thread each; -> placeholder ids (counts only)."""
+    def generate(
+        self, texts: list[str], new: int, stream: bool, sampling: Sampling
+    ) -> list[list[int]]:
+        """All texts at once, a client thread each (client s seeded with s); -> placeholder
+        ids (counts only)."""
         with ThreadPoolExecutor(len(texts)) as pool:
-            counts = list(pool.map(lambda t: self.ask(t, new, stream), texts))
+            counts = list(
+                pool.map(lambda s: self.ask(texts[s], new, stream, sampling, s), range(len(texts)))
+            )
         return [[0] * c for c in counts]
 
     def peak_mib(self) -> float:
@@ -123,7 +145,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three sides at 8")
     ap.add_argument("--stream", action="store_true", help="streamed answers")
+    add_sampling(ap)
     args = ap.parse_args()
+    settings = parse_samplings(ap, args.sampling)
     tuning = tune()  # before torch: every side gets our process tuning
     import torch
 
@@ -135,36 +159,51 @@ def main() -> None:
     peer = LlamaBatched(path, args.threads, max(map(len, ids)) + args.new + 8)
     try:
         for n in sizes:  # warm-up: the compiled kernels of every batch size, each side
-            server.generate(texts[-n:], WARM, args.stream)
-            peer.generate(ids[-n:], WARM)
-        ours = Ours(path, sizes, args.prompt)
-
-        def serve(_ids, new):
-            return server.generate(texts[: len(_ids)], new, args.stream)
-
-        rounds = []
+            for sampling in settings:
+                server.generate(texts[-n:], WARM, args.stream, sampling)
+                peer.generate(ids[-n:], WARM, sampling.temperature, sampling.top_p)
+        ours = Ours(path, sizes, args.prompt, settings)
+        rounds = {s: [] for s in settings}
         for r in range(args.rounds):
-            rates: dict[str, dict[int, float]] = {"serve": {}, "sampler": {}, "llama.cpp": {}}
-            for n in sizes if r == 0 else [n for n in sizes if n == 8]:
-                rates["serve"][n] = timed("serve", serve, ids[:n], args.new)
-                rates["sampler"][n] = timed("sampler", ours.generate, ids[:n], args.new)
-                rates["llama.cpp"][n] = timed("llama.cpp", peer.generate, ids[:n], args.new)
-            rounds.append(rates)
+            asked = sizes if r == 0 else [n for n in sizes if n == 8]
+            for sampling in settings:
+                sides = (server, ours, peer)
+                rounds[sampling].append(one_round(sides, texts, ids, asked, sampling, args))
         peak = server.peak_mib()
     finally:
         server.close()
     prompt_len = statistics.mean(len(p) for p in ids)
-    report(rounds, args, tuning, prompt_len)
+    for sampling, runs in rounds.items():
+        report(runs, args, tuning, prompt_len, sampling)
     print(
         f"serve's peak RSS: {peak:,.0f} MiB (its own process; the sampler's and llama.cpp's "
         "alone: bench/generate.py --side ours|llama.cpp)"
     )
 
 
-def report(rounds, args, tuning: str, prompt_len: float) -> None:
+def one_round(sides, texts, ids, sizes, sampling: Sampling, args) -> dict:
+    """{side: {N: tokens/s}}: serve, the sampler and llama.cpp at each N in sizes."""
+    server, ours, peer = sides
+    t, p = sampling.temperature, sampling.top_p
+    rates: dict[str, dict[int, float]] = {"serve": {}, "sampler": {}, "llama.cpp": {}}
+
+    def serve(_ids, new):
+        return server.generate(texts[: len(_ids)], new, args.stream, sampling)
+
+    for n in sizes:
+        name = f"{sampling.name:6s}"
+        rates["serve"][n] = timed(f"{name} serve", serve, ids[:n], args.new)
+        rates["sampler"][n] = timed(f"{name} sampler", ours.generate, ids[:n], args.new, sampling)
+        rates["llama.cpp"][n] = timed(f"{name} llama.cpp", peer.generate, ids[:n], args.new, t, p)
+    return rates
+
+
+def report(rounds, args, tuning: str, prompt_len: float, sampling: Sampling) -> None:
     first = rounds[0]
     mode = "streamed" if args.stream else "whole answers"
-    print(f"\n| clients | serve tokens/s ({mode}) | sampler | llama.cpp | serve / sampler |")
+    how = f"T {sampling.temperature}, top_p {sampling.top_p}" if sampling.temperature else ""
+    print(f"\n{sampling.name} {how}".rstrip())
+    print(f"| clients | serve tokens/s ({mode}) | sampler | llama.cpp | serve / sampler |")
     print("| --- | --- | --- | --- | --- |")
     for n, rate in first["serve"].items():
         s, ll = first["sampler"][n], first["llama.cpp"][n]
