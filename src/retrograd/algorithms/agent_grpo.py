@@ -357,11 +357,7 @@ def _sampler(cfg, model) -> Sampler:
     t, a = cfg.training, cfg.agent
     concurrency = t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
     return Sampler(
-        model.decoder,
-        model.tokenizer,
-        fast=t.fast_sampling_context,
-        max_len=t.ctx,
-        generation_batch=context.generation_batch(t, model.config.n_vocab, concurrency),
+        model.decoder, model.tokenizer, **context.sampler_settings(model, t, concurrency)
     )
 
 

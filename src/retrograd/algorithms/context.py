@@ -170,18 +170,23 @@ def generation_batch(training, n_vocab: int, concurrency: int) -> int:
     return max(min(rows, training.ctx, PREFILL_CHUNK), concurrency)
 
 
+def sampler_settings(model: Model, training, concurrency: int) -> dict:
+    """The Sampler's keywords a run's [training] sets: fast_sampling_context and kv_dtype (the
+    cache), answers within ctx, prompts prefilled in passes of its generation batch."""
+    from retrograd.sampling.engine import run_settings
+
+    return {
+        **run_settings(training),
+        "max_len": training.ctx,
+        "generation_batch": generation_batch(training, model.config.n_vocab, concurrency),
+    }
+
+
 def sampler(model: Model, training, concurrency: int):
-    """The run's sampler: [training].fast_sampling_context, answers within ctx, prompts
-    prefilled in passes of its generation batch (`generation_batch`)."""
+    """The run's sampler (`sampler_settings`)."""
     from retrograd.sampling import Sampler
 
-    return Sampler(
-        model.decoder,
-        model.tokenizer,
-        fast=training.fast_sampling_context,
-        max_len=training.ctx,
-        generation_batch=generation_batch(training, model.config.n_vocab, concurrency),
-    )
+    return Sampler(model.decoder, model.tokenizer, **sampler_settings(model, training, concurrency))
 
 
 def check_same_tokenizer(model: Model, other: Model, where: str) -> None:

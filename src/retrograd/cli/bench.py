@@ -100,6 +100,7 @@ def bench_rewards(cfg, data: str, args) -> int:
     from retrograd.data.prompts import read_prompts, render_prompts
     from retrograd.rewards.program import reward_program
     from retrograd.sampling import Sampler
+    from retrograd.sampling.engine import run_settings
     from retrograd.trainable.lora import apply_adapter_file
 
     con = Console()
@@ -110,9 +111,7 @@ def bench_rewards(cfg, data: str, args) -> int:
     con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
     prompts = render_prompts(lines, context.chat_format(model), ctx)[: args.limit]
     con.print(f"prompts: {lines.path.name}, answering {len(prompts)}")
-    sampler = Sampler(
-        model.decoder, model.tokenizer, fast=cfg.training.fast_sampling_context, max_len=ctx
-    )
+    sampler = Sampler(model.decoder, model.tokenizer, max_len=ctx, **run_settings(cfg.training))
     adapters = apply_adapter_file(model.decoder, args.adapter) if args.adapter else {}
     table = Table(title=f"{algorithm} bench (one sampled answer per prompt)", title_justify="left")
     for col in (

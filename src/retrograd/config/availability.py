@@ -9,7 +9,8 @@ key is one of:
 - unavailable: a value this version cannot honour, refused when the file is loaded, naming
   the key and what to do instead (a default value is never refused);
 - later: a key of an algorithm or trainable mode that validates but does not train yet;
-  `retrograd train` refuses the algorithm or the mode itself.
+  `retrograd train` refuses the algorithm or the mode itself (none in this version: every
+  algorithm and mode trains).
 
 `ENTRIES` holds the column for every key (or whole table, under "*"); `docs.py` prints it and
 tests/unit/config/test_config_availability.py checks it against `validate_run`. The rule that
@@ -47,7 +48,10 @@ def _entry(kind: str, column: str = "") -> Availability:
 YES = _entry(HONOURED)
 # Keys of an algorithm whose loop is not in this version: train refuses the algorithm.
 _LATER_ALGORITHM: dict[str, Availability] = {}
-_ROLLOUTS = "refused for sft; honoured by ppo, grpo, on-policy distill and agent_grpo"
+_ROLLOUTS = (
+    "refused for sft, preference and offline distill; honoured by ppo, grpo, on-policy distill "
+    "and agent_grpo"
+)
 
 # (table, key) -> its column; (table, "*") covers a whole table and the tables inside it.
 ENTRIES: dict[tuple[str, str], Availability] = {
@@ -114,12 +118,12 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "generation_concurrency"): _entry(NOT_READ, _ROLLOUTS),
     ("training", "generation_batch"): _entry(
         NOT_READ,
-        "refused for sft; honoured by ppo, grpo, on-policy distill and agent_grpo: prompt "
-        "positions per prefill pass",
+        f"{_ROLLOUTS}: prompt positions per prefill pass",
     ),
     ("training", "shared_prefix_fanout"): _entry(
         NOT_READ,
-        "refused for sft; ppo, grpo, on-policy distill and agent_grpo honour auto (a group's "
+        "refused for sft and offline distill; ppo, grpo, on-policy "
+        "distill and agent_grpo honour auto (a group's "
         "answers scored after one pass over their prompt, as many as fit micro_batch; ppo "
         "samples one answer a prompt, so rows) and off, and `train` "
         "refuses max and numbers (not available in this version); preference honours auto, "
@@ -128,10 +132,15 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("training", "fast_sampling_context"): _entry(
         ELSEWHERE,
-        "read by ppo, grpo, on-policy distill, chat and serve; an sft run samples nothing",
+        "read by ppo, grpo, on-policy distill, agent_grpo, bench, chat and serve; sft, offline "
+        "distill and preference sample nothing",
     ),
     ("training", "kv_dtype"): _entry(
-        HONOURED, "honoured: the cache of a window's earlier passes (f32 when compute is f32)"
+        HONOURED,
+        "honoured by sft and offline distill (the cache of a window's earlier passes; f32 when "
+        "compute is f32) and by the sampler of ppo, grpo, on-policy distill, agent_grpo, bench, "
+        "chat and serve with fast_sampling_context (f16 is 16 bits: bf16 on a bf16 compute "
+        "path; exact sampling keeps f32); no effect on preference, which keeps no cache",
     ),
     **{
         ("training", name): _entry(NOT_READ, f"honoured; other than the default, needs {switch}")
@@ -168,11 +177,19 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("evaluation", "min_delta"): YES,
     ("checkpoint", "*"): YES,
     ("metrics", "*"): YES,
-    ("observe", "*"): _entry(NOT_READ, "refused for sft; honoured by ppo, grpo and agent_grpo"),
+    ("observe", "*"): _entry(
+        NOT_READ, "refused for sft, distill and preference; honoured by ppo, grpo and agent_grpo"
+    ),
     ("reference", "*"): _entry(
         NOT_READ,
         "refused for sft; honoured by grpo, on-policy distill and agent_grpo (KL penalty) and "
         "by preference (dpo and ipo)",
+    ),
+    ("reference", "ctx"): _entry(
+        HONOURED,
+        "checked (at least training.ctx); the reference scores the policy's sequences, none "
+        "longer than training.ctx, and allocates no context of its own: every valid value "
+        "scores them whole, as the default does",
     ),
     ("sft", "*"): YES,
     ("ppo", "*"): _entry(HONOURED, "honoured by ppo"),

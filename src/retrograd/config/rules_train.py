@@ -153,11 +153,14 @@ def generation_keys(d: Draft) -> Iterator[Issue]:
                     f"read only by runs that generate; {d.algorithm} does not, remove it",
                     getattr(t, name),
                 )
-    if d.algorithm == "sft" and t.is_set("shared_prefix_fanout"):
+    # a run that scores no answers after a shared prompt: a value other than the default
+    packs = generates or d.algorithm == "preference"
+    if not packs and t.is_set("shared_prefix_fanout") and t.shared_prefix_fanout != "auto":
         yield issue(
             "training",
             "shared_prefix_fanout",
-            "read only by grpo, agent_grpo and preference runs; remove it",
+            "read only by runs that score answers sharing a prompt (ppo, grpo, on-policy "
+            f"distill, agent_grpo, preference); {d.algorithm} does not, remove it",
             t.shared_prefix_fanout,
         )
 

@@ -89,10 +89,14 @@ class TrainingSection(Section):
         "max, or an exact integer of at least 2.",
     )
     fast_sampling_context: bool = key(
-        True, "Generate with an f16 KV cache and flash attention; false samples bit-exactly."
+        True,
+        "Generate with a kv_dtype KV cache and the fused attention kernel; false samples "
+        "bit-exactly (an f32 cache).",
     )
     kv_dtype: Literal["f16", "f32"] = key(
-        "f16", "KV cache type while training; f32 where the device needs it."
+        "f16",
+        "KV cache type, f16 or f32, of generation and of a window's earlier training passes; "
+        "f32 where the device needs it.",
     )
     gradient_checkpointing: bool = key(False, "Recompute activations to save memory.")
     checkpoint_every_n_layers: int = key(

@@ -85,7 +85,7 @@ class InProcessBackend:
 
 def in_process(model, training, concurrency: int) -> InProcessBackend:
     """The run's in-process backend: context.sampler's settings ([training].fast_sampling_context,
-    ctx, the generation batch derived from `concurrency`)."""
+    kv_dtype, ctx, the generation batch derived from `concurrency`)."""
     from retrograd.algorithms import context
 
     return InProcessBackend(context.sampler(model, training, concurrency))

@@ -13,8 +13,9 @@ Sampler owns the pieces it calls: rows of a request, prefill, the choice of toke
 prefill computed in chunks of that many positions, the later ones reading the earlier ones'
 keys and values from the cache; decoding is not cut (one token a row a pass).
 
-`fast = True` (fast_sampling_context): a 16-bit KV cache and the fused attention kernel.
-`fast = False`: a float32 cache and the plain attention path training uses. Environment:
+`fast = True` (fast_sampling_context): the fused attention kernel and a KV cache of `kv_dtype`
+([training].kv_dtype): "f16", 16 bits (the compute dtype when it is 16-bit, else float16), or
+"f32". `fast = False`: a float32 cache and the plain attention path training uses. Environment:
 RETRO_DEVICE_SAMPLING=0 samples on the host, RETRO_DEVICE_LOGPROBS=0 computes log-probs on
 the host in float64, RETRO_FAST_TOP_P=0 sorts the whole vocabulary for every nucleus row (the
 same tokens, slower: the top candidates are searched first by default, select.py).
@@ -52,6 +53,24 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill pass unless generation_batch sa
 GREEDY_BELOW = 1e-5  # temperatures below this are greedy (as vLLM's sampler does)
 
 
+KV_DTYPES = ("f16", "f32")  # [training].kv_dtype
+
+
+def cache_dtype(compute: torch.dtype, fast: bool, kv_dtype: str = "f16") -> torch.dtype:
+    """The generation cache's dtype. float32 for exact sampling (`fast` off: the keys and
+    values training attends to, whatever kv_dtype says) and for kv_dtype "f32"; "f16" is 16
+    bits: the compute dtype when it is 16-bit (bf16 keys and values kept as computed, which the
+    compiled decode step reads in place, model/decode.py), else float16."""
+    if not fast or kv_dtype == "f32":
+        return torch.float32
+    return compute if compute in (torch.float16, torch.bfloat16) else torch.float16
+
+
+def run_settings(training) -> dict:
+    """The Sampler keywords a run file's [training] sets: fast_sampling_context, kv_dtype."""
+    return {"fast": training.fast_sampling_context, "kv_dtype": training.kv_dtype}
+
+
 def _env_flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     return default if value is None else value not in ("0", "", "false")
@@ -68,12 +87,17 @@ class Sampler:
         device_logprobs: bool | None = None,
         fast_top_p: bool | None = None,
         generation_batch: int = PREFILL_CHUNK,
+        kv_dtype: str = "f16",
     ):
         """max_len: the context (prompt plus answer) an answer may fill; None = no limit.
-        generation_batch: prompt positions per prefill pass (at least 1)."""
+        generation_batch: prompt positions per prefill pass (at least 1). kv_dtype: the fast
+        context's cache, "f16" or "f32" (`cache_dtype`)."""
         if generation_batch < 1:
             raise ValueError(f"generation_batch = {generation_batch}: must be at least 1")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype = {kv_dtype!r}: must be one of {', '.join(KV_DTYPES)}")
         self.decoder = decoder
+        self.cache_kind = kv_dtype
         self.generation_batch = generation_batch
         self.tokenizer = tokenizer
         self.fast = fast
@@ -95,11 +119,8 @@ class Sampler:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """16-bit with fast sampling (the compute dtype when it is 16-bit, else f16), else f32."""
-        compute = self.decoder.compute_dtype
-        if not self.fast:
-            return torch.float32
-        return compute if compute in (torch.float16, torch.bfloat16) else torch.float16
+        """The dtype of every KV cache this sampler builds (`cache_dtype`)."""
+        return cache_dtype(self.decoder.compute_dtype, self.fast, self.cache_kind)
 
     def context(self) -> contextlib.ExitStack:
         """Where generation runs: the attention of this precision, packed weights."""

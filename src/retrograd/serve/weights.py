@@ -83,6 +83,7 @@ def load_for_generation(cfg, adapter: Path | None, ctx: int | None, device: str 
     """Load the model (with the adapter), its chat template and a sampler for chat and serve."""
     import retrograd
     from retrograd.sampling import Sampler
+    from retrograd.sampling.engine import run_settings
     from retrograd.tokenizer import ChatFormat, chat_template
 
     if ctx is not None and ctx < 2:
@@ -97,6 +98,5 @@ def load_for_generation(cfg, adapter: Path | None, ctx: int | None, device: str 
     variables = getattr(section, "template_variables", None) or None
     template = chat_template(model.tokenizer, model.gguf.metadata, variables)
     ctx = ctx or min(DEFAULT_CTX, model.config.n_ctx_train or DEFAULT_CTX)
-    fast = cfg.training.fast_sampling_context
-    sampler = Sampler(model.decoder, model.tokenizer, fast=fast, max_len=ctx)
+    sampler = Sampler(model.decoder, model.tokenizer, max_len=ctx, **run_settings(cfg.training))
     return Loaded(model, ChatFormat(model.tokenizer, template), sampler, ctx, adapter)

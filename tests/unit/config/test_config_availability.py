@@ -146,6 +146,12 @@ ACCEPTED: dict[tuple[str, str], dict] = {
             },
         },
     },
+    ("reference", "ctx"): {
+        "run": {"algorithm": "grpo"},
+        "sft": None,
+        "grpo": {**SECTIONS["grpo"]["grpo"], "kl_coefficient": 0.1},
+        "reference": {"model": "r.gguf", "ctx": 256},
+    },
     ("preference", "*"): {
         "run": {"algorithm": "preference"},
         "sft": None,
@@ -166,7 +172,7 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
     ),
     ("training", "shared_prefix_fanout"): (
         {"training": {"shared_prefix_fanout": "off"}},
-        '[training].shared_prefix_fanout = "off": read only by grpo',
+        '[training].shared_prefix_fanout = "off": read only by runs that score answers',
     ),
     ("training", "checkpoint_every_n_layers"): (
         {"training": {"checkpoint_every_n_layers": 2}},

@@ -17,6 +17,18 @@ def errors_of(doc, **kwargs) -> str:
     return str(caught.value)
 
 
+# an offline distillation run's [distill], patched over run_doc("distill")'s
+OFFLINE_DISTILL = {
+    "mode": "topk_offline",
+    "data": "c.jsonl",
+    "sidecar": "c.topk",
+    "prompts": None,
+    "updates": None,
+    "prompts_per_update": None,
+    "sampling": None,
+}
+
+
 # (name, valid document, broken document, expected line of the broken one)
 CASES = [
     (
@@ -566,15 +578,7 @@ CASES = [
         run_doc(
             "distill",
             training={"generation_batch": 4},
-            distill={
-                "mode": "topk_offline",
-                "data": "c.jsonl",
-                "sidecar": "c.topk",
-                "prompts": None,
-                "updates": None,
-                "prompts_per_update": None,
-                "sampling": None,
-            },
+            distill=OFFLINE_DISTILL,
         ),
         "run.toml: [training].generation_batch = 4: read only by runs that generate; "
         "distill does not",
@@ -586,6 +590,36 @@ CASES = [
         "run.toml: [evaluation].max_examples = 4: read only by rollout algorithms, not sft",
     ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "refused"),
+    [
+        (run_doc("sft", training={"shared_prefix_fanout": "auto"}), None),  # the default
+        (run_doc("sft", training={"shared_prefix_fanout": "off"}), "sft"),
+        (
+            run_doc("distill", training={"shared_prefix_fanout": "off"}, distill=OFFLINE_DISTILL),
+            "distill",
+        ),
+        (run_doc("ppo", training={"shared_prefix_fanout": "off"}), None),
+        (run_doc("distill", training={"shared_prefix_fanout": "off"}), None),  # on-policy
+        (run_doc("agent_grpo", training={"shared_prefix_fanout": "off"}), None),
+        (run_doc("preference", training={"shared_prefix_fanout": 2}), None),
+    ],
+    ids=["sft-default", "sft", "offline-distill", "ppo", "on-policy", "agent", "preference"],
+)
+def test_shared_prefix_fanout_is_refused_where_no_answers_share_a_prompt(doc, refused):
+    """Every loop that scores answers after their prompt reads it; a run that scores none
+    refuses a value other than the default, naming the loops that read it."""
+    if refused is None:
+        validate_run(doc)
+        return
+    value = doc["training"]["shared_prefix_fanout"]
+    assert errors_of(doc).splitlines() == [
+        f'run.toml: [training].shared_prefix_fanout = "{value}": read only by runs that score '
+        "answers sharing a prompt (ppo, grpo, on-policy distill, agent_grpo, preference); "
+        f"{refused} does not, remove it"
+    ]
 
 
 @pytest.mark.parametrize(

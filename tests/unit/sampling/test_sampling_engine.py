@@ -48,6 +48,35 @@ def test_fast_context_stays_close_to_the_exact_one(models):
     assert len(exact.ids) == len(quick.ids)
 
 
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+@pytest.mark.parametrize(
+    ("compute", "fast", "kv", "expected"),
+    [
+        (F32, True, "f16", F16),  # 16 bits: float16 where the compute path has none of its own
+        (BF16, True, "f16", BF16),  # the compute dtype: keys kept as computed
+        (F32, True, "f32", F32),
+        (BF16, True, "f32", F32),
+        (F32, False, "f16", F32),  # exact sampling: training's float32, whatever kv_dtype says
+        (BF16, False, "f16", F32),
+    ],
+)
+def test_the_cache_is_kv_dtype_under_fast_sampling(compute, fast, kv, expected):
+    from retrograd.sampling.engine import cache_dtype
+
+    assert cache_dtype(compute, fast, kv) == expected
+
+
+def test_a_sampler_builds_its_caches_in_its_kv_dtype(models):
+    m = models("gemma3")
+    sampler = Sampler(m.decoder, m.tokenizer, fast=True, kv_dtype="f32")
+    cache, _, _ = sampler.prefill([PROMPT], 32)
+    assert sampler.kv_dtype == F32 and {t.dtype for t in cache.k + cache.v} == {F32}
+    with pytest.raises(ValueError, match="kv_dtype = 'bf16': must be one of f16, f32"):
+        Sampler(m.decoder, m.tokenizer, kv_dtype="bf16")
+
+
 @pytest.mark.parametrize("name", ["gemma3", "phi3"])
 def test_left_padded_batch_equals_each_prompt_alone(models, name):
     m = models(name)
