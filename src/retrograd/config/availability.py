@@ -104,7 +104,7 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ("training", "parallel"): _entry(
         HONOURED,
         "honoured under torchrun by sft, preference, offline distill (ddp or fsdp2) and the "
-        "rollout loops (ddp; they refuse fsdp2); other algorithms refuse several ranks",
+        "rollout loops (ddp; they refuse fsdp2)",
     ),
     ("training", "dist_timeout_seconds"): _entry(HONOURED, "honoured under torchrun"),
     ("training", "lr"): _entry(

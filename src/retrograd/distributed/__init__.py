@@ -268,7 +268,8 @@ def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
             from retrograd.model import fsdp2
         except ImportError:
             raise ConfigError(
-                '[training].parallel = "fsdp2": not available in this version yet; use "ddp"'
+                '[training].parallel = "fsdp2": this PyTorch has no FSDP2 '
+                '(torch.distributed.fsdp.fully_shard); use "ddp" or a newer torch'
             ) from None
         return fsdp2.wrap_trainable(model, trainables, cfg, w)
     replicas = Replicas(w)
@@ -294,7 +295,8 @@ def loop_name(cfg) -> str:
 
 
 def check_loop(cfg, w: World | None = None) -> None:
-    """Several ranks for a loop that does not share its work yet: a clear refusal."""
+    """Several ranks: refuse fsdp2 for a loop whose ranks cannot run in step (model/fsdp2.py),
+    and a loop outside DATA_PARALLEL (every algorithm is in it in this version)."""
     w = w or _WORLD
     if w.active and w.parallel == "fsdp2":  # sharded blocks: every rank runs every pass
         from retrograd.model import fsdp2

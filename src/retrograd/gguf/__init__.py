@@ -1,4 +1,5 @@
-"""GGUF files: reading (facade over gguf-py), and later writing and tensor-name grammar. No torch."""
+"""GGUF files: reading (a facade over gguf-py), atomic writing, and the export of LoRA adapters
+and of trained models or tensors. No torch. (Tensor names are matched by config/selectors.py.)"""
 
 from retrograd.gguf.reader import FLOAT_TYPES, GGUFFile, TensorInfo, block_size
 

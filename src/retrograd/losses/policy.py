@@ -1,5 +1,5 @@
-"""The clipped policy-gradient loss of GRPO (and later PPO, on-policy distillation, agentic
-GRPO): a pure function of per-token log-probabilities.
+"""The clipped policy-gradient loss of GRPO, PPO, on-policy distillation and agentic GRPO: a
+pure function of per-token log-probabilities.
 
 It knows nothing about models, tokenizers or rollout records. The caller scores the sampled
 tokens under the policy being trained (`logp`, with gradient), under the policy that sampled

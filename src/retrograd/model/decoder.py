@@ -428,7 +428,7 @@ class Decoder(nn.Module):
         self.logit_mul = 1.0 / cfg.logit_scale  # granite: logits / logit_scale
         self.checkpointing: tuple[int, torch.dtype] | None = None
         self.base_trained = False  # a Linear reads a trained weight (trainable/base.py)
-        # Blocks sharded by FSDP2 (distributed/fsdp.py): a block's weights exist whole only
+        # Blocks sharded by FSDP2 (model/fsdp2.py): a block's weights exist whole only
         # within its own pass, so no block may read the next one's norm ahead of time.
         self.sharded = False
 

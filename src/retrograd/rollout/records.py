@@ -1,4 +1,4 @@
-"""The records of a rollout algorithm (GRPO, on-policy distillation; PPO and agentic GRPO later).
+"""The records of a rollout algorithm (GRPO, PPO, on-policy distillation, agentic GRPO).
 
 One `Rollout` per sampled answer carries everything the loop computes about it, in the order
 the loop computes it: the sampled ids and the sampler's log-probabilities, the reward parts,
