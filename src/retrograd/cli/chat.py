@@ -25,11 +25,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", action="store_true", help="show the base and adapter answers")
     p.add_argument("--base-only", action="store_true", help="chat with the base model only")
     p.add_argument("--system", metavar="PROMPT", help="a system prompt")
-    p.add_argument("--temp", type=float, default=0.7, metavar="T", help="temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="nucleus mass")
-    p.add_argument("--max-new-tokens", type=int, default=512, metavar="N", help="per answer")
+    p.add_argument(
+        "--temp", type=float, default=0.7, metavar="T", help="temperature (default 0.7; 0: greedy)"
+    )
+    p.add_argument(
+        "--top-p", type=float, default=0.95, metavar="P", help="nucleus mass (default 0.95)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=512, metavar="N", help="per answer (default 512)"
+    )
     p.add_argument("--seed", type=int, metavar="N", help="sampling seed (default: random)")
-    p.add_argument("--ctx", type=int, metavar="N", help="context length (default: 4096)")
+    p.add_argument(
+        "--ctx",
+        type=int,
+        metavar="N",
+        help="context length (default: 4096, or the model's trained context if shorter)",
+    )
     add_model_flag(p, required=False)
     add_device_flag(p)
     p.set_defaults(device=None)

@@ -37,7 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_flag(p, required=False)
     add_device_flag(p)
     p.set_defaults(device=None)
-    p.add_argument("--ctx", type=int, metavar="N", help="context length (default: 4096)")
+    p.add_argument(
+        "--ctx",
+        type=int,
+        metavar="N",
+        help="context length (default: 4096, or the model's trained context if shorter)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
     p.add_argument(

@@ -116,3 +116,22 @@ def test_the_server_help_names_each_subcommand(capsys):
     usage, _, rest = text.partition("\n\n")
     for name in server.SUBCOMMANDS:
         assert name in usage and names(rest, name), name
+
+
+def flags(parser: argparse.ArgumentParser, prefix: str):
+    """(command, flag, default, help) of every flag with a default, nested commands too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from flags(sub, f"{prefix} {name}")
+        elif action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            if not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                yield prefix, action.option_strings[-1], action.default, action.help or ""
+
+
+def test_every_flag_with_a_default_says_it():
+    """chat's 0.7, 0.95 and 512 are the reference's defaults: the help must show them."""
+    found = list(flags(cli.build_parser(), "retrograd"))
+    assert ("retrograd chat", "--temp", 0.7, "temperature (default 0.7; 0: greedy)") in found
+    missing = [(c, f, d) for c, f, d, h in found if str(d) not in h]
+    assert not missing, missing
