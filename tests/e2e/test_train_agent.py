@@ -558,3 +558,75 @@ def test_the_reference_default_micro_batch_gives_the_whole_context_update(
     moved = sum(float(np.abs(v).sum()) for k, v in whole.items() if k.endswith(".lora_b"))
     diff = sum(float(np.abs(default[k] - whole[k]).sum()) for k in whole)
     assert moved > 0 and diff < 1e-3 * moved, (diff, moved)
+
+
+def _short(factory: str, name: str) -> str:
+    """A built-in tool under its own name with a one-word description: a short prompt."""
+    return f"""
+[[agent.environment.tools.tool]]
+id = "{name}-short"
+version = 1
+name = "{name}"
+description = "."
+builtin = {{ factory = "{factory}" }}
+"""
+
+
+HOSTILE_WORLD = (
+    """
+[agent.environment]
+type = "local"
+allow_unsandboxed = true
+[agent.environment.tools]
+default = "short"
+[agent.environment.tools.toolset.short]
+tools = ["bash-short", "read_file-short", "write_file-short"]
+"""
+    + _short("shell", "bash")
+    + _short("read_file", "read_file")
+    + _short("write_file", "write_file")
+)
+
+
+@pytest.mark.slow
+def test_a_policy_writing_hostile_calls_trains_to_the_end(chat_model, tmp_path):
+    """The real command, its policy forced to write calls no tool can run (a NUL byte in a
+    command, a path out of the workspace, an unknown tool, wrong types and keys, a lone
+    surrogate, nesting past the limit, NaN: tests/factories/agent_train.py's `hostile`): each
+    is answered with an error, no trajectory fails, and the run trains and exits 0."""
+    agent = {"updates": 1, "group_size": 4, "epochs_per_update": 1, "max_turns": 4}
+    agent["max_new_tokens_per_turn"] = 400
+    training = {"ctx": 4096, "micro_batch": 4096}
+    run = write_run(
+        tmp_path,
+        chat_model,
+        agent,
+        world=HOSTILE_WORLD,
+        observe='directory = "obs"',
+        training=training,
+    )
+    cmd = [sys.executable, "-m", "tests.factories.agent_train", "train", str(run)]
+    env = os.environ | {
+        "RETRO_THREADS": "2",
+        "PYTHONPATH": str(REPO),
+        "RETRO_AGENT_SCRIPT": "hostile",
+    }
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (tmp_path / "out" / "adapter.gguf").exists()
+    records = [json.loads(line) for line in (tmp_path / "obs" / "observe.jsonl").open()]
+    rollouts = [r for r in records if r["type"] == "rollout"]
+    assert len(rollouts) == 2 * 4
+    for r in rollouts:
+        assert r["finish"] == "no_tool_call" and r["failure"] is None, r["failure"]
+        answers = [m["content"] for m in r["messages"] if m["role"] in ("tool", "user")][1:]
+        assert "argument 'command' holds a NUL byte" in answers[0]
+        assert answers[1] == "path '../../etc/passwd' is outside the workspace"
+        assert answers[2].startswith("unknown tool 'nope'")
+        assert answers[3] == "argument 'command' must be a string"
+        assert answers[4] == "unknown argument 'mode'; write_file takes path, content"
+        assert answers[5].startswith("ERROR: malformed tool call") and "surrogate" in answers[5]
+    rewards = sorted(r["reward"] for r in rollouts)
+    assert rewards[0] == 0.0 and rewards[-1] == 1.0  # the answer file passed verify
+    [update] = [r for r in records if r["type"] == "update"]
+    assert update["status"] == "completed"
