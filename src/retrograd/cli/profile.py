@@ -102,7 +102,12 @@ def workloads() -> dict[str, Workload]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG.toml", help="a grpo or agent_grpo run file")
     p.add_argument("--updates", type=int, metavar="N", help="updates (default 1)")
-    p.add_argument("--group-size", type=int, metavar="N", help="answers per prompt (default 4)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        metavar="N",
+        help="answers per prompt, trajectories per scenario (default 4)",
+    )
     p.add_argument(
         "--epochs",
         type=int,
