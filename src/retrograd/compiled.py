@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,13 +20,15 @@ from typing import TypeVar
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from retrograd import environ
+
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable)
 
 
 def compile_enabled() -> bool:
     """RETRO_COMPILE=0 runs every fused kernel eagerly (the reference path in tests)."""
-    return os.environ.get("RETRO_COMPILE", "1") not in ("0", "", "false")
+    return environ.get("RETRO_COMPILE")
 
 
 RECOMPILE_LIMIT = 512  # shapes one fused function may compile for (PyTorch's default: 8)

@@ -14,8 +14,8 @@ when the `retrograd` package is imported (before anything of ours imports torch)
 sets is inherited by every child process (the server's runs, torchrun's ranks, reward programs).
 A program that imported torch before retrograd keeps the policy its environment gave it.
 
-Knows the environment variables (RETRO_THREADS, OMP_WAIT_POLICY, GOMP_SPINCOUNT,
-OMP_NUM_THREADS) and the CPUs this process may use; nothing about torch (model/device.py
+Knows OpenMP's environment variables (OMP_WAIT_POLICY, GOMP_SPINCOUNT, OMP_NUM_THREADS; RETRO_THREADS
+is read through retrograd/environ.py) and the CPUs this process may use; nothing about torch (model/device.py
 applies the thread count).
 """
 
@@ -82,15 +82,13 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
 def choose_threads(threads: int | None = None) -> int | None:
     """The intra-op thread count asked for: RETRO_THREADS, else `threads` ([training].threads,
     the Python API's argument); None when neither is given (see `default_threads`)."""
-    env = os.environ.get(THREADS_VARIABLE, "").strip()
-    if env:
-        try:
-            threads = int(env)
-        except ValueError:
-            raise ConfigError(f"{THREADS_VARIABLE}={env!r}: must be a positive integer") from None
-        if threads < 1:
-            raise ConfigError(f"{THREADS_VARIABLE}={env}: must be at least 1")
-        return threads
+    # NOTE: imported here: `import retrograd` loads this module, and `python -m
+    # retrograd.environ` (the docs table) wants environ not yet imported
+    from retrograd import environ
+
+    env = environ.get(THREADS_VARIABLE)
+    if env is not None:
+        return env
     if threads is not None and threads < 1:
         raise ConfigError(f"[training].threads = {threads}: must be at least 1")
     return threads

@@ -32,6 +32,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from retrograd import environ
 from retrograd.agent.container_scripts import (
     CHECK_IMAGE,
     IDLE,
@@ -75,9 +76,9 @@ _CHUNK = 1 << 16
 def container_cli() -> list[str]:
     """The container CLI's argv: RETRO_CONTAINER_CLI (split as a shell would); else docker
     when DOCKER_HOST names a daemon; else podman, else docker."""
-    override = os.environ.get(CLI_VARIABLE, "").strip()
+    override = environ.get(CLI_VARIABLE)
     if override:
-        return shlex.split(override)
+        return list(override)
     names = ("docker", "podman") if os.environ.get("DOCKER_HOST") else ("podman", "docker")
     for name in names:
         path = shutil.which(name)

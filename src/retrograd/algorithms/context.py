@@ -107,8 +107,7 @@ def preflight_check(model: Model, training, console=None) -> None:
     """The preflight audit at the start of a run, on an accelerator (on the CPU nothing can
     fall back). Fallbacks are printed; with require_gpu_resident they stop the run. Sets the
     run's max_gpu_duty_cycle limiter (duty.py) and prints its report when one is requested."""
-    import os
-
+    from retrograd import environ
     from retrograd.algorithms import duty
     from retrograd.errors import DeviceError
     from retrograd.model.preflight import preflight
@@ -116,7 +115,7 @@ def preflight_check(model: Model, training, console=None) -> None:
     limiter = duty.configure(training.max_gpu_duty_cycle, model.device)
     if console is not None and training.max_gpu_duty_cycle < 1.0:
         console.print("; ".join(limiter.report()), markup=False, highlight=False)
-    strict = training.require_gpu_resident or os.environ.get("RETRO_REQUIRE_GPU_RESIDENT") == "1"
+    strict = training.require_gpu_resident or environ.get("RETRO_REQUIRE_GPU_RESIDENT")
     if model.device.type == "cpu":
         if strict:
             raise DeviceError(

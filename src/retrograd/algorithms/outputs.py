@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from retrograd import environ
 from retrograd.errors import ConfigError
 
 # (section, key) of the paths a run writes; every other path in the run file is read.
@@ -91,7 +92,7 @@ def check_outputs(cfg, run_file: str | Path | None = None) -> None:
         problems += _result_problems(cfg, result)
     if problems:
         raise ConfigError("\n".join(problems) + "\nchoose another output path")
-    if int(os.environ.get("RANK", "0")) != 0:
+    if (environ.get("RANK") or 0) != 0:
         # NOTE: under torchrun rank 0 alone probes (and writes) the outputs: a probe removes the
         # folders it made, which pulled a folder from under another rank's probe.
         return

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from retrograd import environ
 from retrograd.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -67,16 +67,10 @@ def world() -> World:
 
 def launched() -> tuple[int, int, int] | None:
     """(rank, size, local_rank) when torchrun (or torch.distributed.elastic) started us."""
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+    rank, size = environ.get("RANK"), environ.get("WORLD_SIZE")
+    if rank is None or size is None:
         return None
-    try:
-        return (
-            int(os.environ["RANK"]),
-            int(os.environ["WORLD_SIZE"]),
-            int(os.environ.get("LOCAL_RANK", "0")),
-        )
-    except ValueError as e:
-        raise ConfigError(f"torchrun's RANK / WORLD_SIZE / LOCAL_RANK are not integers: {e}") from e
+    return rank, size, environ.get("LOCAL_RANK") or 0
 
 
 def resolve_parallel(setting: str | None, size: int) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
-import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from retrograd import environ
 from retrograd.errors import ConfigError, DeviceError
 from retrograd.threads import choose_threads, default_threads
 
@@ -92,9 +92,6 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-DTYPE_VARIABLE = "RETRO_DTYPE"
-
-
 def default_dtype(device: torch.device) -> torch.dtype:
     """The fast compute dtype the device has: bf16 on recent GPUs and AMX CPUs, else f32.
 
@@ -103,14 +100,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """
     import torch
 
-    forced = os.environ.get(DTYPE_VARIABLE, "").strip()
+    forced = environ.get("RETRO_DTYPE")
     if forced:
-        try:
-            return parse_dtype(forced, device)
-        except ConfigError:
-            raise ConfigError(
-                f"{DTYPE_VARIABLE}={forced}: must be float32, bfloat16 or float16"
-            ) from None
+        return parse_dtype(forced, device)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32

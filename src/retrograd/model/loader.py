@@ -8,13 +8,13 @@ print it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import warnings
 from dataclasses import dataclass
 
 import torch
 
+from retrograd import environ
 from retrograd.errors import GGUFError
 from retrograd.gguf import GGUFFile, TensorInfo
 from retrograd.model.arch import FLOAT_PARTS
@@ -65,9 +65,9 @@ def _float(info: TensorInfo, device: torch.device) -> torch.Tensor:
 
 
 def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> tuple[bool, str]:
-    env = os.environ.get("RETRO_DEQUANT_CACHE")
-    if env in ("0", "1"):
-        return env == "1", f"RETRO_DEQUANT_CACHE={env}"
+    env = environ.get("RETRO_DEQUANT_CACHE")
+    if env != "auto":
+        return env == "on", environ.setting("RETRO_DEQUANT_CACHE")
     if mode in ("on", "off"):
         return mode == "on", f"requested {mode}"
     free = available_memory(device)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Callable
 
 import torch
 
+from retrograd import environ
 from retrograd.model.attention import fast_decode
 from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
@@ -71,11 +71,6 @@ def run_settings(training) -> dict:
     return {"fast": training.fast_sampling_context, "kv_dtype": training.kv_dtype}
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value not in ("0", "", "false")
-
-
 class Sampler:
     def __init__(
         self,
@@ -103,12 +98,12 @@ class Sampler:
         self.fast = fast
         self.max_len = max_len
         self.device_sampling = (
-            _env_flag("RETRO_DEVICE_SAMPLING", True) if device_sampling is None else device_sampling
+            environ.get("RETRO_DEVICE_SAMPLING") if device_sampling is None else device_sampling
         )
         self.device_logprobs = (
-            _env_flag("RETRO_DEVICE_LOGPROBS", True) if device_logprobs is None else device_logprobs
+            environ.get("RETRO_DEVICE_LOGPROBS") if device_logprobs is None else device_logprobs
         )
-        self.fast_top_p = _env_flag("RETRO_FAST_TOP_P", True) if fast_top_p is None else fast_top_p
+        self.fast_top_p = environ.get("RETRO_FAST_TOP_P") if fast_top_p is None else fast_top_p
         self._table: TokenTable | None = None  # the vocabulary's pieces, once a grammar asks
 
     @property

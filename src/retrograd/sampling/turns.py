@@ -29,11 +29,11 @@ served from the cache. Knows nothing about chat templates, tools or environments
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from retrograd import environ
 from retrograd.model.kv_cache import KVCache, select_states
 from retrograd.sampling.engine import GREEDY_BELOW
 from retrograd.sampling.params import Completion
@@ -55,7 +55,7 @@ class Thread:
 
 
 def prefix_cache_enabled() -> bool:
-    return os.environ.get("RETRO_GENERATION_PREFIX_CACHE", "1") not in ("0", "", "false")
+    return environ.get("RETRO_GENERATION_PREFIX_CACHE")
 
 
 class TurnDecoder:

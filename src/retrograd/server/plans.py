@@ -29,12 +29,12 @@ calibrated plan (`?calibrate=true`) measures one step instead (calibrate.py).
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from retrograd import environ
 from retrograd.server.config import ServerConfig
 from retrograd.server.problems import FieldError, Problem, pointer
 
@@ -101,9 +101,9 @@ def on_gpu(cfg) -> bool:
 
 
 def _compute_bytes(gpu: bool) -> int:
-    forced = os.environ.get("RETRO_DTYPE", "").strip().lower()
+    forced = environ.get("RETRO_DTYPE")
     if forced:
-        return 4 if forced in ("float32", "f32") else 2
+        return 4 if forced == "float32" else 2
     return 2 if gpu else 4
 
 
