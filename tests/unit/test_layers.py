@@ -1,0 +1,286 @@
+"""The package's layers, read from its imports: no import runs up a layer, no files import each
+other in a circle (DESIGN.md, "Layers").
+
+Every `import retrograd.X` and `from retrograd.X import ...` in src/ counts, at module level or
+inside a function; one under `if TYPE_CHECKING:` does not (read by attribute only, it loads
+nothing). An import goes to its own package or a lower row; two packages of one row do not
+import each other; nothing inside the package imports the package root (the doors' facade).
+
+KNOWN lists the violations the tree still has, each as "importer -> imported", and
+KNOWN_CIRCLES its circles. Both may only shrink: the test fails on a violation not listed,
+and on a listed one that no longer exists (take it out in the commit that removes it).
+
+Run as a script to print every import that crosses a layer:
+    .venv/bin/python -m tests.unit.test_layers
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "retrograd"
+ROOT = "retrograd"  # the package root, src/retrograd/__init__.py
+
+# bottom to top: a package or top-level module of retrograd imports only its own row's self and
+# the rows below
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "seeds", "nesting", "text"),  # leaves
+    ("environ",),  # every environment variable, parsed once
+    ("threads",),  # thread count and OpenMP's wait policy
+    ("compute",),  # the compute plan
+    ("compiled", "losses", "gguf"),  # fused kernels; pure loss functions; the file format
+    ("observe",),  # metric sinks, names, logging, the [observe] writer
+    ("tokenizer",),
+    ("config",),  # run file schema and rules, no torch
+    ("data",),  # datasets, prompts, pairs, .topk
+    ("model",),  # decoder, block, decode graph, frozen weights, logprobs
+    ("trainable", "optim"),  # LoRA, base tensors, preflight; optimizers, schedules
+    ("distributed",),  # ranks, collectives, replicas, fsdp2 sharding
+    ("checkpoint",),  # .state dirs, run save and restore, ranks' dcp, export
+    ("sampling", "rewards"),  # sampler and backends; reward programs, judges
+    ("rollout",),  # records, streams, passes, shaping, spread, metrics
+    ("agent", "serve"),  # scenarios, tools, environments; `retrograd serve`'s app
+    ("algorithms",),  # the loops and what they share
+    ("server",),  # the run server
+    ("cli",),  # the commands
+    (ROOT,),  # the doors: load, load_tokenizer
+)
+
+# today's violations, "importer -> imported module"; only ever removed
+KNOWN = frozenset(
+    {
+        # the package root, imported from inside
+        "algorithms/agent_grpo.py -> retrograd",
+        "algorithms/context.py -> retrograd",
+        "algorithms/distill.py -> retrograd",
+        "algorithms/distill_offline.py -> retrograd",
+        "algorithms/persist.py -> retrograd",
+        "checkpoint/codec.py -> retrograd",
+        "cli/bench.py -> retrograd",
+        "cli/main.py -> retrograd",
+        "cli/preflight.py -> retrograd",
+        "serve/weights.py -> retrograd",
+        "server/app.py -> retrograd",
+        "server/probe.py -> retrograd",
+        # a lower package reaching up
+        "data/prompts.py -> retrograd.rollout.records",  # Prompt
+        "distributed/checkpoint.py -> retrograd.checkpoint",
+        "distributed/checkpoint.py -> retrograd.checkpoint.layout",
+        "model/fsdp2.py -> retrograd.distributed",  # Replicas, loop_name, world
+        "model/model.py -> retrograd.trainable.lora",  # load(adapter=)
+        "model/preflight.py -> retrograd.trainable.lora",
+        "rollout/agent.py -> retrograd.agent.scenarios",
+        "rollout/agent.py -> retrograd.agent.trajectory",
+        "rollout/agent.py -> retrograd.agent.types",
+        "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
+        "server/child.py -> retrograd.cli.train",  # LOOPS
+    }
+)
+# today's circles of files, each as its sorted modules; only ever removed
+KNOWN_CIRCLES = frozenset(
+    {
+        ("retrograd.agent.local", "retrograd.agent.sandbox_env"),
+        (
+            "retrograd.config.availability",
+            "retrograd.config.rules",
+            "retrograd.config.rules_agent",
+            "retrograd.config.rules_algorithms",
+            "retrograd.config.rules_train",
+        ),
+        ("retrograd.distributed", "retrograd.model.fsdp2"),
+    }
+)
+
+
+def module_of(path: Path) -> str:
+    """src/retrograd/model/decoder.py -> retrograd.model.decoder (a package: its __init__)."""
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def files() -> dict[str, Path]:
+    return {module_of(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(node: ast.AST):
+    """Every import node under `node`, leaving out `if TYPE_CHECKING:` bodies."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _type_checking(child):
+            for other in child.orelse:
+                yield from _walk_one(other)
+            continue
+        yield from _walk_one(child)
+
+
+def _walk_one(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _walk(node)
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The retrograd modules a file imports (a name imported from a package that is a module
+    of it counts as that module)."""
+    found = set()
+    for node in _walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == ROOT}
+        elif node.level == 0 and node.module and node.module.split(".")[0] == ROOT:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in known else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the modules it imports, each resolved to a file of src/ (the nearest one:
+    retrograd.model.decoder.X is retrograd.model.decoder)."""
+    known = files()
+    edges = {}
+    for module, path in known.items():
+        targets = set()
+        for name in imports(path, known):
+            while name not in known and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in known and name != module:
+                targets.add(name)
+        edges[module] = targets
+    return edges
+
+
+def top(module: str) -> str:
+    """The LAYERS name a module belongs to: retrograd.model.decoder -> model."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def row_of(name: str) -> int:
+    for i, row in enumerate(LAYERS):
+        if name in row:
+            return i
+    raise AssertionError(f"src/retrograd/{name}: in no row of LAYERS (tests/unit/test_layers.py)")
+
+
+def label(module: str) -> str:
+    """retrograd.model.fsdp2 -> model/fsdp2.py (as KNOWN writes the importer)."""
+    return str(files()[module].relative_to(SRC))
+
+
+def violations() -> set[str]:
+    """Every import from a file to a package of a higher row, or of the same row but another
+    package, "importer -> imported"."""
+    found = set()
+    for module, targets in graph().items():
+        here = top(module)
+        for target in targets:
+            there = top(target)
+            if there == here:
+                continue
+            if row_of(there) >= row_of(here):
+                found.add(f"{label(module)} -> {target}")
+    return found
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one file (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                    break
+                if child in on:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+    return out
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_every_package_and_module_has_a_row():
+    names = {
+        p.stem
+        for p in SRC.iterdir()
+        if not p.name.startswith(("_", "."))
+        and ((p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py")
+    }
+    placed = {n for row in LAYERS for n in row} - {ROOT}
+    assert names - placed == set(), "add these to a row of LAYERS"
+    assert placed - names == set(), "LAYERS names what src/retrograd no longer has"
+
+
+def test_no_import_runs_up_a_layer():
+    found = violations()
+    assert sorted(found - KNOWN) == [], "imports that run up a layer (DESIGN.md, Layers)"
+    assert sorted(KNOWN - found) == [], "gone: take these out of KNOWN"
+
+
+def test_no_import_cycle():
+    found = {tuple(c) for c in circles(graph())}
+    assert sorted(found - KNOWN_CIRCLES) == [], "files that import each other"
+    assert sorted(KNOWN_CIRCLES - found) == [], "gone: take these out of KNOWN_CIRCLES"
+
+
+def test_the_tarjan_pass_finds_a_circle_and_the_scan_sees_function_imports(tmp_path):
+    """The checks can fail: a made-up circle is found; a function-level import counts and one
+    under TYPE_CHECKING does not."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from retrograd.cli import main\n"
+        "def g():\n    from retrograd.model import decoder\n    import retrograd\n"
+    )
+    known = {"retrograd.model.decoder": f, "retrograd.cli": f}
+    assert imports(f, known) == {"retrograd.model.decoder", "retrograd"}
+
+
+if __name__ == "__main__":
+    for line in sorted(violations()):
+        print(line, "" if line in KNOWN else "(not in KNOWN)")
+    for circle in circles(graph()):
+        known = "" if tuple(circle) in KNOWN_CIRCLES else " (not in KNOWN_CIRCLES)"
+        print("circle:", " <-> ".join(circle) + known)
+    sys.exit(0)
