@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from retrograd.config.tracking import ObserveSection
+from retrograd.data.prompts import Prompt
 from retrograd.observe.rollouts import ObserveWriter
-from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.records import Group, Rollout
 
 QUESTIONS = [
     "What is 17 * 23? Answer with the number only.",

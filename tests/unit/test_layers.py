@@ -65,7 +65,6 @@ KNOWN = frozenset(
         "server/app.py -> retrograd",
         "server/probe.py -> retrograd",
         # a lower package reaching up
-        "data/prompts.py -> retrograd.rollout.records",  # Prompt
         "distributed/checkpoint.py -> retrograd.checkpoint",
         "distributed/checkpoint.py -> retrograd.checkpoint.layout",
         "model/fsdp2.py -> retrograd.distributed",  # Replicas, loop_name, world

@@ -17,10 +17,21 @@ from pathlib import Path
 
 from retrograd.data.sft import json_records
 from retrograd.errors import DataError
-from retrograd.rollout.records import Prompt
 from retrograd.tokenizer.records import validate_record
 
 ALLOWED_KEYS = {"messages", "rubric"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One line of the prompt file, rendered once."""
+
+    key: str  # where it came from: "prompts.jsonl:3"
+    index: int  # its 0-based position in the file
+    messages: tuple[dict, ...]  # the conversation, ending with a user message
+    text: str  # the last user message's content: what a reward program receives
+    ids: tuple[int, ...]  # the rendered prompt with the assistant-generation prefix
+    rubric: str | None = None  # the line's own judge criteria, else the judge's rubric
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from retrograd.observe.feed import Feed, read_records
 from retrograd.text import json_dumps
 
 if TYPE_CHECKING:  # read by attribute only: no numpy for whoever imports the writer
-    from retrograd.rollout.records import Group, Prompt, Rollout
+    from retrograd.data.prompts import Prompt
+    from retrograd.rollout.records import Group, Rollout
 
 VERSION = 1
 LOG = "observe.jsonl"

@@ -12,12 +12,13 @@ import logging
 
 import numpy as np
 
+from retrograd.data.prompts import Prompt
 from retrograd.errors import JudgeError, TrainingError
 from retrograd.observe import names
 from retrograd.rewards.judge import group_id
 from retrograd.rewards.ruler.prompt import Candidate
 from retrograd.rollout.agent import AgentSample
-from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.records import Group, Rollout
 from retrograd.rollout.shaping import NOT_IN_BASELINE, assign_advantages, zero_signal
 
 log = logging.getLogger(__name__)

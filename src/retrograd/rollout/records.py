@@ -13,22 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from retrograd.data.prompts import Prompt
+
 # Why an answer does not train (formats.md §6): cut at the token budget with mask_truncated,
 # its group carries no signal, the judge dropped its group, it was never scored, or the whole
 # update was skipped.
 SKIP_REASONS = ("truncated", "zero_signal", "judge_dropped", "unscored", "update_skipped")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One line of the prompt file, rendered once."""
-
-    key: str  # where it came from: "prompts.jsonl:3"
-    index: int  # its 0-based position in the file
-    messages: tuple[dict, ...]  # the conversation, ending with a user message
-    text: str  # the last user message's content: what a reward program receives
-    ids: tuple[int, ...]  # the rendered prompt with the assistant-generation prefix
-    rubric: str | None = None  # the line's own judge criteria, else the judge's rubric
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Prompts in a run's order and groups of sampled answers: the sampling side shared by the
-rollout loops (GRPO, on-policy distillation).
+rollout loops (GRPO, PPO, on-policy distillation; agentic GRPO takes its held-out draw).
 
 Every random choice is a pure function of the run's seeds: the prompt order is a permutation
 per pass over the file (seeded), and answer j to the prompt drawn at cursor c in update u gets
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from retrograd.data.prompts import Prompt
 from retrograd.data.sft import permutation
-from retrograd.rollout.records import Group, Prompt, Rollout
+from retrograd.rollout.records import Group, Rollout
 from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
 from retrograd.seeds import SAMPLE, derive_seed
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from retrograd.data.prompts import read_prompts
+from retrograd.data.prompts import Prompt, read_prompts
 from retrograd.errors import DataError
 from retrograd.rollout.passes import pieces as _pieces
-from retrograd.rollout.records import Prompt, Rollout
+from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from retrograd.algorithms.ppo import _advantages, _old_values
+from retrograd.data.prompts import Prompt
 from retrograd.distributed import World
-from retrograd.rollout.records import Prompt, Rollout
+from retrograd.rollout.records import Rollout
 from retrograd.trainable.value_head import ValueHead
 
 
