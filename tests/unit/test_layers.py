@@ -74,7 +74,6 @@ KNOWN = frozenset(
         "rollout/agent.py -> retrograd.agent.trajectory",
         "rollout/agent.py -> retrograd.agent.types",
         "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
-        "server/child.py -> retrograd.cli.train",  # LOOPS
     }
 )
 # today's circles of files, each as its sorted modules; only ever removed

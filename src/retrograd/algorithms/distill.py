@@ -59,12 +59,10 @@ _NOT_TRAJECTORY = {"prompts"}  # [distill] keys a resumed run may change
 
 
 def run_distill(cfg, *, resume=None, sinks=None, run_file=None):
-    """[run].algorithm = "distill": the loop of [distill].mode."""
-    if cfg.distill.mode == "topk_offline":
-        from retrograd.algorithms.distill_offline import run_distill_offline
+    """[run].algorithm = "distill": the loop of [distill].mode (algorithms/table.py)."""
+    from retrograd.algorithms import table
 
-        return run_distill_offline(cfg, resume=resume, sinks=sinks, run_file=run_file)
-    return run_on_policy(cfg, resume=resume, sinks=sinks, run_file=run_file)
+    return table.run(cfg, resume=resume, sinks=sinks, run_file=run_file)
 
 
 @dataclass

@@ -10,9 +10,9 @@ import importlib
 import sys
 
 from retrograd import __version__
+from retrograd.algorithms import table
 from retrograd.cli.bench import BENCHES
 from retrograd.cli.profile import PROFILED
-from retrograd.cli.train import LOOPS
 from retrograd.errors import RetrogradError
 
 
@@ -29,7 +29,7 @@ def _benched() -> str:
 COMMANDS = {
     "train": (
         "retrograd.cli.train",
-        f"train as a run file describes ({', '.join(LOOPS)})",
+        f"train as a run file describes ({', '.join(table.names())})",
     ),
     "bench": (
         "retrograd.cli.bench",

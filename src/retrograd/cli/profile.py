@@ -139,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_run(args.config, model=args.model, device=args.device)
     found = workloads()
     if cfg.run.algorithm not in found:
-        from retrograd.cli.train import LOOPS
+        from retrograd.algorithms import table
 
-        others = ", ".join(a for a in LOOPS if a not in found)
+        others = ", ".join(a for a in table.names() if a not in found)
         raise ConfigError(
             f"{args.config}: profile runs {' and '.join(PROFILED)} workloads; [run].algorithm = "
             f"{cfg.run.algorithm!r} is not one ({others}: `retrograd bench` measures them)"
@@ -213,9 +213,8 @@ def shortened(args: argparse.Namespace, work: Workload, output: Path):
 
 def profile(cfg, work: Workload, run_file) -> int:
     """Run the loop with sinks that add up its phases; print what they measured."""
-    from retrograd.algorithms import duty
+    from retrograd.algorithms import duty, table
     from retrograd.algorithms.persist import Sinks
-    from retrograd.cli.train import LOOPS
     from retrograd.observe.memory import peak_memory
 
     totals = dict.fromkeys(work.phases, 0.0)
@@ -232,7 +231,7 @@ def profile(cfg, work: Workload, run_file) -> int:
             for phase, name in work.phases.items():
                 totals[phase] += float(values.get(name, 0.0))
 
-    result = LOOPS[cfg.run.algorithm]()(cfg, sinks=Phases(quiet=True), run_file=run_file)
+    result = table.run(cfg, sinks=Phases(quiet=True), run_file=run_file)
     wall = time.perf_counter() - started
     con = Console()
     con.print(work.line(cfg, result.updates), markup=False, soft_wrap=True)

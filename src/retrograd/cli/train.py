@@ -16,54 +16,6 @@ import argparse
 from rich.console import Console
 
 from retrograd.cli.common import add_device_flag, add_model_flag
-from retrograd.errors import ConfigError
-
-
-def _sft():
-    from retrograd.algorithms.sft import run_sft
-
-    return run_sft
-
-
-def _ppo():
-    from retrograd.algorithms.ppo import run_ppo
-
-    return run_ppo
-
-
-def _grpo():
-    from retrograd.algorithms.grpo import run_grpo
-
-    return run_grpo
-
-
-def _preference():
-    from retrograd.algorithms.preference import run_preference
-
-    return run_preference
-
-
-def _distill():
-    from retrograd.algorithms.distill import run_distill
-
-    return run_distill
-
-
-def _agent_grpo():
-    from retrograd.algorithms.agent_grpo import run_agent_grpo
-
-    return run_agent_grpo
-
-
-# [run].algorithm -> its loop (imported when chosen: each pulls in torch and its own parts)
-LOOPS = {
-    "sft": _sft,
-    "ppo": _ppo,
-    "grpo": _grpo,
-    "preference": _preference,
-    "distill": _distill,
-    "agent_grpo": _agent_grpo,
-}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,15 +37,11 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
 
     cfg = load_run(args.config, model=args.model, device=args.device, resume=args.resume)
-    if cfg.run.algorithm not in LOOPS:
-        raise ConfigError(
-            f"{args.config}: [run].algorithm = {cfg.run.algorithm!r}: this version trains "
-            f"{', '.join(LOOPS)}; the file is valid, its loop is not available yet"
-        )
     from retrograd import distributed
+    from retrograd.algorithms import table
     from retrograd.algorithms.persist import Sinks
 
-    loop = LOOPS[cfg.run.algorithm]()
+    loop = table.algorithm_of(cfg).loop()
     world = distributed.init_world(cfg)  # under torchrun: this rank's place (docs/distributed.md)
     console = Console()
     sinks = Sinks(console=console) if world.main else Sinks.quiet()  # rank 0 alone reports

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
-    from retrograd.cli.train import LOOPS
+    from retrograd.algorithms import table
     from retrograd.config import validate_run
     from retrograd.errors import RetrogradError
 
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = validate_run(
                 merge(document, started), source="the run document", base_dir=record["base_dir"]
             )
-        LOOPS[cfg.run.algorithm]()(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
+        table.run(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
     except Stop as stop:
         if stop.outcome != BUDGET:
             channel.send(stop.outcome)

@@ -1,5 +1,5 @@
 """The commands' help and the README's command table name what the code does: every algorithm
-of train's one table (LOOPS) in the help of train, bench and profile, every command and
+of the one algorithm table (algorithms/table.py) in the help of train, bench and profile, every command and
 subcommand of both programs in the README."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from retrograd.algorithms import table
 from retrograd.cli import main as cli
 from retrograd.cli import server
 from retrograd.cli.bench import BENCHES
 from retrograd.cli.profile import PROFILED
-from retrograd.cli.train import LOOPS
 
+ALGORITHMS = table.names()
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
@@ -46,9 +47,9 @@ def entry(listing: str, command: str) -> str:
 def test_the_command_list_names_every_algorithm_of_each_command(capsys):
     listing = help_of([], capsys)
     train, bench, profile = (entry(listing, c) for c in ("train", "bench", "profile"))
-    assert all(names(train, a) for a in LOOPS), train
+    assert all(names(train, a) for a in ALGORITHMS), train
     assert all(names(bench, a) for a in BENCHES), bench
-    assert not any(names(bench, a) for a in set(LOOPS) - set(BENCHES)), bench
+    assert not any(names(bench, a) for a in set(ALGORITHMS) - set(BENCHES)), bench
     assert all(names(profile, a) for a in PROFILED), profile
 
 
@@ -56,19 +57,19 @@ def test_the_command_list_names_every_algorithm_of_each_command(capsys):
 def test_a_command_help_names_every_algorithm(command, capsys):
     """train runs each; bench and profile say for each whether they measure it."""
     text = help_of([command], capsys)
-    missing = [a for a in LOOPS if not names(text, a)]
+    missing = [a for a in ALGORITHMS if not names(text, a)]
     assert not missing, f"`retrograd {command} --help` does not name {missing}"
 
 
 def test_bench_help_says_which_algorithms_it_does_not_measure(capsys):
     text = help_of(["bench"], capsys)
-    for algorithm in LOOPS:
+    for algorithm in ALGORITHMS:
         line = next(line for line in text.splitlines() if names(line, algorithm))
         assert ("not supported" in line) == (algorithm not in BENCHES), line
 
 
 def test_the_tables_name_algorithms_train_knows():
-    assert set(BENCHES) <= set(LOOPS) and set(PROFILED) <= set(LOOPS)
+    assert set(BENCHES) <= set(ALGORITHMS) and set(PROFILED) <= set(ALGORITHMS)
 
 
 def subcommands(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
@@ -106,7 +107,7 @@ def test_the_readme_rows_name_every_algorithm_of_train_bench_and_profile():
         c: next(line for line in text.splitlines() if line.startswith(f"| `retrograd {c} "))
         for c in ("train", "bench", "profile")
     }
-    assert all(names(row["train"], a) for a in LOOPS), row["train"]
+    assert all(names(row["train"], a) for a in ALGORITHMS), row["train"]
     assert all(names(row["bench"], a) for a in BENCHES), row["bench"]
     assert all(names(row["profile"], a) for a in PROFILED), row["profile"]
 

@@ -296,10 +296,10 @@ def test_gefen_refusal_does_not_repeat_the_f32_rule():
 def test_train_has_a_loop_for_every_algorithm():
     import typing
 
-    from retrograd.cli import train
+    from retrograd.algorithms import table
     from retrograd.config.core import Algorithm
 
-    assert set(train.LOOPS) == set(typing.get_args(Algorithm))
+    assert set(table.names()) == set(typing.get_args(Algorithm))
     assert not entries_of(LATER) - set(MODE_RUNS)  # no algorithm is left for later
 
 

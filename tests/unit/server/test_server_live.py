@@ -14,7 +14,7 @@ import time
 import pytest
 from rich.console import Console
 
-from retrograd.cli.train import LOOPS
+from retrograd.algorithms import table
 from retrograd.config import validate_run
 from retrograd.server.child import Channel, ServerSinks
 from tests.factories.agents import CHAT_TEMPLATE
@@ -43,7 +43,7 @@ def run_served(document: dict, commands: list[dict], base_dir) -> list[dict]:
         time.sleep(0.01)
     sinks = ServerSinks(channel, Console(file=io.StringIO()))
     cfg = validate_run(document, source="test", base_dir=base_dir)
-    LOOPS[cfg.run.algorithm]()(cfg, sinks=sinks)
+    table.run(cfg, sinks=sinks)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
