@@ -2,10 +2,12 @@
 
 No isolation at all (hence `allow_unsandboxed = true`): a command can read and write anything
 the user can. What it does keep is the container's contract: every command runs with the
-workspace as its working directory, in its own process group, which is killed whole when the
-command times out and also when it exits (so a background job never outlives its call), and
-its stdout + stderr are capped at max_output_bytes (`ExecResult.truncated` says so; the marker
-is the tool renderer's). Deadlines wait in the kernel (select on the pipes and a pidfd).
+workspace as its working directory, under a wrapper (agent/reaper.py, a child subreaper in a
+session of its own) that kills and reaps everything the command started, whatever session or
+group it made, when the command exits or times out (so nothing outlives its call); its stdout +
+stderr are capped at max_output_bytes (`ExecResult.truncated` says so; the marker is the tool
+renderer's). Closing the sandbox also kills what still works in its workspace (what escaped a
+wrapper the command killed). Deadlines wait in the kernel (select on the pipes and a pidfd).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +31,8 @@ EXEC_TIMEOUT_SECS = 30.0  # the container defaults ([agent.environment.limits])
 MAX_OUTPUT_BYTES = 65536
 _CHUNK = 1 << 16
 _GRACE = 1.0  # seconds to read what is left in the pipes once the group is killed
+_SWEEP_SECS = 10.0  # how long a timed-out command's wrapper may take to kill everything
+REAPER = Path(__file__).with_name("reaper.py")
 
 
 class LocalSandbox(Sandbox):
@@ -43,6 +49,8 @@ class LocalSandbox(Sandbox):
         self.max_output_bytes = max_output_bytes
         self.workdir = tempfile.mkdtemp(prefix="retrograd-work-", dir=parent)
         self.closed = False
+        self._running: set[subprocess.Popen] = set()  # wrappers of commands under way
+        self._lock = threading.Lock()
 
     def exec(
         self, argv: list[str], stdin: bytes | None = None, timeout: float | None = None
@@ -50,29 +58,41 @@ class LocalSandbox(Sandbox):
         if self.closed:
             raise EnvironmentFailure("the local sandbox is closed")
         limit = self.exec_timeout if timeout is None else timeout
+        # NOTE: -I also keeps the script's folder off sys.path (-P), where agent/types.py
+        # would shadow the standard library's types module.
+        wrapped = [sys.executable, "-I", "-S", str(REAPER), str(os.getpid()), *argv]
         try:
             popen = subprocess.Popen(
-                argv,
+                wrapped,
                 cwd=self.workdir,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: pgid == pid
+                start_new_session=True,  # its own session and group: pgid == pid
             )
-        except OSError:
-            # What a shell says, without the host's error text (deterministic observations).
-            return ExecResult(127, b"", f"{argv[0]}: command not found\n".encode())
+        except OSError as e:
+            raise EnvironmentFailure(f"the local sandbox cannot start a command: {e}") from None
+        with self._lock:
+            self._running.add(popen)
         try:
             return _collect(popen, stdin or b"", time.monotonic() + limit, self.max_output_bytes)
         finally:
-            _kill_group(popen)
-            popen.wait()
+            _stop(popen)
+            with self._lock:
+                self._running.discard(popen)
             for pipe in (popen.stdin, popen.stdout, popen.stderr):
                 if pipe is not None and not pipe.closed:
                     pipe.close()
 
     def close(self) -> None:
+        """Stop the commands under way (their wrappers sweep), kill whatever still works in
+        the workspace, and remove it."""
         self.closed = True
+        with self._lock:
+            running = list(self._running)
+        for popen in running:
+            _stop(popen)
+        _kill_working_in(self.workdir)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -81,6 +101,50 @@ def _kill_group(popen: subprocess.Popen) -> None:
         os.killpg(popen.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the whole group is gone already
+
+
+def _stop(popen: subprocess.Popen) -> None:
+    """End a command: its wrapper, woken if the command stopped it, sweeps on SIGTERM; a
+    wrapper that does not end within _SWEEP_SECS is killed with its group."""
+    if popen.poll() is not None:
+        return
+    for signum in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.kill(popen.pid, signum)
+        except ProcessLookupError:
+            break
+    try:
+        popen.wait(_SWEEP_SECS)
+    except subprocess.TimeoutExpired:
+        _kill_group(popen)
+        popen.wait()
+
+
+def _kill_working_in(workdir: str) -> None:
+    """SIGKILL every process of this user whose working directory is inside `workdir`,
+    stopped first and scanned again until none is found (the fate of what escaped a wrapper
+    the command killed, and stayed in its workspace)."""
+    root = os.path.realpath(workdir) + os.sep
+    for _ in range(100):
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{name}/cwd") + os.sep
+            except OSError:
+                continue  # gone, or not ours to read
+            if cwd.startswith(root):
+                found.append(int(name))
+        if not found:
+            return
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in found:
+                try:
+                    os.kill(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        time.sleep(0.01)
 
 
 def _pidfd(pid: int) -> int | None:
@@ -153,7 +217,7 @@ def _collect(popen: subprocess.Popen, data: bytes, deadline: float, cap: int) ->
             popen.wait(max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
             timed_out = True
-    _kill_group(popen)
+    _stop(popen)
     code = popen.wait()
     exit_code = None if timed_out or code < 0 else code
     stdout, stderr = out[popen.stdout.fileno()], out[popen.stderr.fileno()]

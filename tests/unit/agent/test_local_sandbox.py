@@ -1,11 +1,16 @@
-"""LocalSandbox: the workspace as working directory, stdin, the output cap, and the process
-group killed on timeout and on exit (children included)."""
+"""LocalSandbox: the workspace as working directory, stdin, the output cap, and everything a
+command starts killed on timeout and on exit, whatever session or group it made (setsid,
+daemons, SIGTERM ignored, a fork bomb), and on close."""
 
 from __future__ import annotations
 
+import os
+import random
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from retrograd.agent.local import LocalPool, LocalSandbox
@@ -121,3 +126,108 @@ def test_pool_gives_fresh_workspaces_and_removes_them(tmp_path):
     assert not Path(a.workdir).exists() and Path(b.workdir).exists()
     pool.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# --- nothing a command starts outlives its call --------------------------------------------
+
+
+@pytest.fixture
+def mark():
+    """A number no other process carries in its command line (`sleep MARK`); whatever still
+    carries it after the test is killed, so that a failing test leaves nothing behind."""
+    value = str(random.randrange(10**8, 10**9))
+    yield value
+    for p in leftovers(value):
+        p.kill()
+
+
+def leftovers(mark: str) -> list[psutil.Process]:
+    """Live processes (zombies aside: dead, waiting for a reaper) whose command line holds mark."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = p.info["cmdline"] or []
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(mark in c for c in cmdline):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+ESCAPES = {
+    "setsid": "setsid sleep {m} & sleep 0.3",
+    "setsid -f": "setsid -f sleep {m}; sleep 0.3",
+    "nohup in a subshell": "(nohup sh -c 'sleep {m}' >/dev/null 2>&1 &); sleep 0.3",
+    "a double-forked daemon": (
+        "python3 -c 'import os, time\n"
+        "if os.fork(): os._exit(0)\n"
+        "os.setsid()\n"
+        "if os.fork(): os._exit(0)\n"
+        'os.chdir("/"); time.sleep({m})\' ; sleep 0.3'
+    ),
+    "one ignoring SIGTERM and SIGHUP": "setsid sh -c \"trap '' TERM HUP; sleep {m}\" & sleep 0.3",
+    "a new process group": 'python3 -c \'import os; os.setpgid(0, 0); os.execvp("sleep", ["sleep", "{m}"])\' & sleep 0.3',
+}
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+def test_nothing_started_outlives_its_call(sandbox, mark, escape):
+    result = sandbox.exec(["sh", "-c", ESCAPES[escape].format(m=mark)])
+    assert result.ok, result
+    assert leftovers(mark) == []
+
+
+def test_nothing_started_outlives_a_timeout(sandbox, mark):
+    result = sandbox.exec(["sh", "-c", f"setsid sleep {mark} & sleep {mark}"], timeout=0.5)
+    assert result.timed_out
+    assert leftovers(mark) == []
+
+
+def test_a_command_that_stops_its_wrapper_is_still_swept(sandbox, mark):
+    result = sandbox.exec(
+        ["sh", "-c", f"setsid sleep {mark} & kill -STOP $PPID; sleep {mark}"], timeout=0.5
+    )
+    assert result.timed_out
+    assert leftovers(mark) == []
+
+
+def test_a_fork_bomb_under_rlimit_nproc_is_gone(sandbox, mark):
+    """A fork bomb in a session of its own, its processes capped by RLIMIT_NPROC (as root,
+    which the limit does not bind, it runs as nobody), keeps replacing whatever dies; after
+    its call none is left."""
+    bomb = f"setsid -f bash -c 'b() {{ b | b & }}; b  # {mark}'"
+    if os.geteuid() == 0:
+        as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+        command = f"(ulimit -u 64; {as_nobody} {bomb})"
+    else:
+        mine = sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"].real == os.getuid())
+        command = f"(ulimit -u {mine + 64}; {bomb})"  # the bomb's limit, not the caller's
+    count = (  # the processes carrying the mark, counted by the command before it ends
+        "import os\nn = 0\nfor p in os.listdir('/proc'):\n"
+        f"    try: n += b'{mark}' in open(f'/proc/{{p}}/cmdline', 'rb').read()\n"
+        "    except OSError: pass\nprint(n)"
+    )
+    script = f'{command} >/dev/null 2>&1; sleep 1; "$0" -c "$1"'
+    result = sandbox.exec(["bash", "-c", script, sys.executable, count], timeout=10)
+    assert result.ok, result
+    assert int(result.stdout) >= 20  # the bomb was alive, replacing its dead, at the end
+    assert leftovers(mark) == []
+
+
+def test_close_kills_what_escaped_a_killed_wrapper(tmp_path, mark):
+    """A command that kills its own wrapper (kill -9 $PPID) orphans what it started to the
+    host's init; what is still in the workspace dies when the sandbox closes."""
+    box = LocalSandbox(exec_timeout=10.0, parent=tmp_path)
+    try:
+        box.exec(["sh", "-c", f"setsid sleep {mark} & sleep 0.3; kill -9 $PPID; sleep 1"])
+    finally:
+        box.close()
+    assert leftovers(mark) == []
+
+
+def test_exit_status_and_signals_pass_through(sandbox):
+    assert sandbox.exec(["sh", "-c", "exit 3"]).exit_code == 3
+    assert sandbox.exec(["sh", "-c", "kill -TERM $$"]).exit_code is None
+    # SIGPIPE is the default again in the command (Python ignores it in the wrapper)
+    piped = sandbox.exec(["sh", "-c", "yes | head -c 3"])
+    assert piped.ok and piped.stdout == b"y\ny"
