@@ -1,5 +1,5 @@
 """`retrograd train` with [training].parallel = "fsdp2" on 2 gloo ranks: the blocks' GGUF bytes
-sharded (model/fsdp2.py), the adapter equal to one process with gradient accumulation 2 at the
+sharded (distributed/fsdp2.py), the adapter equal to one process with gradient accumulation 2 at the
 reference defaults; a kill -9 of every rank inside a window, then a resume to the same adapter."""
 
 from __future__ import annotations

@@ -67,7 +67,6 @@ KNOWN = frozenset(
         # a lower package reaching up
         "distributed/checkpoint.py -> retrograd.checkpoint",
         "distributed/checkpoint.py -> retrograd.checkpoint.layout",
-        "model/fsdp2.py -> retrograd.distributed",  # Replicas, loop_name, world
         "model/model.py -> retrograd.trainable.lora",  # load(adapter=)
         "model/preflight.py -> retrograd.trainable.lora",
         "rollout/agent.py -> retrograd.agent.scenarios",
@@ -87,7 +86,6 @@ KNOWN_CIRCLES = frozenset(
             "retrograd.config.rules_algorithms",
             "retrograd.config.rules_train",
         ),
-        ("retrograd.distributed", "retrograd.model.fsdp2"),
     }
 )
 
@@ -169,7 +167,7 @@ def row_of(name: str) -> int:
 
 
 def label(module: str) -> str:
-    """retrograd.model.fsdp2 -> model/fsdp2.py (as KNOWN writes the importer)."""
+    """retrograd.model.decoder -> model/decoder.py (as KNOWN writes the importer)."""
     return str(files()[module].relative_to(SRC))
 
 

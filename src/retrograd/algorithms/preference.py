@@ -187,7 +187,7 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
     rate, steps = tr.rate, total_steps(pairs, cfg)
     loss_fn = loss_of(p)
     # under torchrun each rank scores its share of every step's pieces (docs/distributed.md)
-    replicas = distributed.wrap_trainable(model, tr, cfg)
+    replicas = distributed.wrap_trainable(model, tr)
     settings = {
         "preference": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "shared_prefix_fanout": t.shared_prefix_fanout,

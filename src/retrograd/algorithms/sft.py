@@ -163,7 +163,7 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
     )  # fmt: skip
     steps = total_steps(train, training, corpus.epochs)
     # under torchrun each rank trains its share of every step's passes (docs/distributed.md)
-    replicas = distributed.wrap_trainable(model, tr, cfg)
+    replicas = distributed.wrap_trainable(model, tr)
     run = persist.RunIdentity.of(cfg, model.config.name, corpus.fingerprints, plan, corpus.settings)
     sinks = sinks or persist.Sinks.quiet()
 

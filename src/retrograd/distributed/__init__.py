@@ -9,18 +9,20 @@ The API every loop uses:
   world() -> World              the current one;  close_world() at the end of the command
   share(n, world) -> list[int]  this rank's items of n: contiguous blocks in rank order, so the
                                 shares together and in order are one process's n items
-  wrap_trainable(model, trainables, cfg, world) -> Replicas
-                                ddp: the trained tensors made equal on every rank, a Replicas
-                                whose sum_step adds the ranks' gradients; fsdp2: the model
-                                layer's sharding (retrograd.model.fsdp2.wrap_trainable)
+  check_traits(traits, world, where)  a loop's traits (algorithms/table.py) against the world:
+                                several ranks need data_parallel, fsdp2 needs sharded
+  wrap_trainable(model, trainables, world) -> Replicas
+                                the trained tensors made equal on every rank, a Replicas whose
+                                sum_step adds the ranks' gradients; fsdp2 first shards the
+                                decoder's blocks (distributed/fsdp2.py), Replicas.sharded says so
   Replicas.sum_step(params, *values) -> values summed over the ranks, gradients summed in place
   all_reduce_sum(values), gather_objects(obj), broadcast_object(obj), barrier()
   checkpoints: retrograd.distributed.checkpoint (save_state, restore_state), called by persist.py
 
-What this package does not know: models, losses, data. The loops decide what a share is (the
-passes of an SFT step, the pieces of a preference step) and scale each share's loss by the
-step's global count, so that summing (not averaging) the ranks' gradients gives the step of one
-process. Rank 0 alone prints, writes metrics, checkpoints' metadata and the output.
+What this package does not know: losses, data, the algorithms' names. The loops decide what a
+share is (the passes of an SFT step, the pieces of a preference step) and scale each share's
+loss by the step's global count, so that summing (not averaging) the ranks' gradients gives the
+step of one process. Rank 0 alone prints, writes metrics, checkpoints' metadata and the output.
 """
 
 from __future__ import annotations
@@ -195,8 +197,9 @@ class Replicas:
     none, with the output head outside the decoder's forward. A bucketed all_reduce of the
     gradients after the rank's share is the same arithmetic (docs/distributed.md)."""
 
-    def __init__(self, w: World):
+    def __init__(self, w: World, sharded: bool = False):
         self.world = w
+        self.sharded = sharded  # the decoder's blocks sharded over the ranks (fsdp2)
 
     def sum_step(self, params: Sequence[torch.Tensor], *values: float) -> tuple[float, ...]:
         """After this rank's backward passes of a step: each parameter's gradient becomes the
@@ -247,9 +250,9 @@ def _buckets(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     return out
 
 
-def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
-    """The world's handle on the trained tensors: Replicas for none and ddp; fsdp2 hands the
-    model to the model layer's sharding, which returns an object with the same sum_step."""
+def wrap_trainable(model, trainables, w: World | None = None) -> Replicas:
+    """The world's handle on the trained tensors, equal on every rank; under fsdp2 with
+    several ranks the decoder's blocks are sharded first (fsdp2.py)."""
     w = w or _WORLD
     found = launched()
     if found is not None and found[1] > 1 and not w.active:
@@ -257,48 +260,38 @@ def wrap_trainable(model, trainables, cfg, w: World | None = None) -> Replicas:
             f"torchrun started {found[1]} ranks but this process has not joined them: call "
             "retrograd.distributed.init_world(cfg) before the loop (docs/distributed.md)"
         )
-    if w.parallel == "fsdp2" and w.active:
+    sharded = w.parallel == "fsdp2" and w.active
+    if sharded:
         try:
-            from retrograd.model import fsdp2
+            from retrograd.distributed import fsdp2
         except ImportError:
             raise ConfigError(
                 '[training].parallel = "fsdp2": this PyTorch has no FSDP2 '
                 '(torch.distributed.fsdp.fully_shard); use "ddp" or a newer torch'
             ) from None
-        return fsdp2.wrap_trainable(model, trainables, cfg, w)
-    replicas = Replicas(w)
+        fsdp2.shard_decoder(model.decoder, trainables.params)
+    replicas = Replicas(w, sharded)
     replicas.make_equal(trainables.params)
     return replicas
 
 
-# The loops that run on several ranks ([run].algorithm, or distill/<mode>); the others refuse.
-DATA_PARALLEL = {
-    "sft",
-    "preference",
-    "distill/topk_offline",
-    "grpo",  # the rollout loops: blocks of each update's groups (retrograd.rollout.spread)
-    "ppo",
-    "distill/on_policy",
-    "agent_grpo",
-}
-
-
-def loop_name(cfg) -> str:
-    name = cfg.run.algorithm
-    return f"{name}/{cfg.distill.mode}" if name == "distill" else name
-
-
-def check_loop(cfg, w: World | None = None) -> None:
-    """Several ranks: refuse fsdp2 for a loop whose ranks cannot run in step (model/fsdp2.py),
-    and a loop outside DATA_PARALLEL (every algorithm is in it in this version)."""
+def check_traits(
+    traits, w: World | None = None, where: str = "this loop", sharded: str = ""
+) -> None:
+    """Refuse a loop the world cannot run, before anything loads. traits: an algorithm's
+    (algorithms/table.py: data_parallel, sharded); where: how messages name it
+    ("[run].algorithm = 'grpo'"); sharded: the loops fsdp2 takes, for the message."""
     w = w or _WORLD
-    if w.active and w.parallel == "fsdp2":  # sharded blocks: every rank runs every pass
-        from retrograd.model import fsdp2
-
-        fsdp2.check_loop(loop_name(cfg))
-    if w.active and loop_name(cfg) not in DATA_PARALLEL:
+    if not w.active:
+        return
+    if not traits.data_parallel:
         raise ConfigError(
-            f"[run].algorithm = {loop_name(cfg)!r} does not run on several ranks in this "
-            f"version (torchrun started {w.size}); launch one process, or train "
-            f"{', '.join(sorted(DATA_PARALLEL))}"
+            f"{where} does not run on several ranks in this version (torchrun started "
+            f"{w.size}); launch one process"
+        )
+    if w.parallel == "fsdp2" and not traits.sharded:  # sharded blocks: every rank every pass
+        raise ConfigError(
+            f'[training].parallel = "fsdp2": {where} does not run its ranks in step (each rank '
+            'scores or samples its own share) in this version; use "ddp"'
+            + (f", or train {sharded} with fsdp2" if sharded else "")
         )

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from retrograd.model.fsdp2 import block_bytes, local_bytes, shard_decoder
+from retrograd.distributed.fsdp2 import block_bytes, local_bytes, shard_decoder
 from retrograd.model.model import load
 from retrograd.trainable.lora import attach_lora
 

@@ -1,4 +1,4 @@
-"""FSDP2 over the decoder (model/fsdp2.py): two gloo ranks under torchrun train LoRA on a tiny
+"""FSDP2 over the decoder (distributed/fsdp2.py): two gloo ranks under torchrun train LoRA on a tiny
 quantized model sharded block by block, against one process with gradient accumulation 2 on
 the same data; each rank holds half of the blocks' bytes between passes. Every launch has a
 hard timeout, so a hang fails the test instead of blocking the suite."""
@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from retrograd import distributed
+from retrograd.algorithms import table
 from retrograd.config.load import validate_run
 from retrograd.distributed import World
+from retrograd.distributed.fsdp2 import BYTES, register_block_bytes
 from retrograd.errors import ConfigError
 from retrograd.gguf import GGUFFile
-from retrograd.model.fsdp2 import BYTES, register_block_bytes
 from retrograd.model.loader import build_decoder
 from tests.unit.config.config_runs import run_doc
 
@@ -87,9 +88,11 @@ def test_registered_bytes_are_read_through_the_module(tiny_model):
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_loops_whose_ranks_do_not_run_in_step_are_refused(algorithm):
     w = World(rank=0, size=2, parallel="fsdp2")
-    distributed.check_loop(validate_run(run_doc("sft")), w)
-    distributed.check_loop(validate_run(run_doc("preference", training={"parallel": "fsdp2"})), w)
-    cfg = validate_run(run_doc(algorithm, training={"parallel": "fsdp2"}))
+    traits = table.algorithm_of(validate_run(run_doc(algorithm))).traits
+    for lockstep in ("sft", "preference"):
+        distributed.check_traits(table.algorithm_of(validate_run(run_doc(lockstep))).traits, w)
+    where = f"[run].algorithm = {algorithm!r}"
     with pytest.raises(ConfigError, match=rf"fsdp2.*{algorithm!r} does not run its ranks in step"):
-        distributed.check_loop(cfg, w)
-    distributed.check_loop(cfg, World(rank=0, size=2, parallel="ddp"))
+        distributed.check_traits(traits, w, where)
+    distributed.check_traits(traits, World(rank=0, size=2, parallel="ddp"), where)
+    distributed.check_traits(traits, World(parallel="fsdp2"), where)  # one process: alone

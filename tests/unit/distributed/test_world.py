@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from retrograd import distributed
+from retrograd.algorithms import table
 from retrograd.config.load import validate_run
 from retrograd.distributed import Replicas, World, resolve_parallel, share
 from retrograd.errors import ConfigError
@@ -54,10 +55,16 @@ def test_outside_torchrun_the_world_is_one_process(monkeypatch):
 
 
 def test_every_loop_shares_its_work_on_several_ranks():
-    for algorithm in ("sft", "ppo", "grpo"):
-        cfg = validate_run(run_doc(algorithm))
-        distributed.check_loop(cfg, World(rank=0, size=2))
-        distributed.check_loop(cfg, World())
+    for row in table.ALGORITHMS:
+        distributed.check_traits(row.traits, World(rank=0, size=2))
+        distributed.check_traits(row.traits, World())
+
+
+def test_a_loop_that_cannot_share_its_work_is_refused_on_several_ranks():
+    alone = table.Traits(data_parallel=False, lockstep=True, samples=False)
+    with pytest.raises(ConfigError, match=r"^\[run\].algorithm = 'x' does not run on several"):
+        distributed.check_traits(alone, World(rank=0, size=2), "[run].algorithm = 'x'")
+    distributed.check_traits(alone, World())
 
 
 def _port() -> int:
@@ -144,4 +151,4 @@ def test_a_loop_under_torchrun_without_the_world_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="torchrun started 2 ranks but this process has not"):
-        distributed.wrap_trainable(None, None, None, World())
+        distributed.wrap_trainable(None, None, World())

@@ -15,10 +15,10 @@ export and their checkpoints stay plain tensors.
 
 NOTE: every gather is a collective. Under fsdp2 every rank must run the same sequence of
 decoder forwards and backwards (a rank that skips a pass, or decodes a different number of
-tokens, leaves the others waiting until [training].dist_timeout_seconds). `wrap_trainable`
-admits the loops that keep that rule and refuses the others by name.
+tokens, leaves the others waiting until [training].dist_timeout_seconds). Only the loops
+whose traits say so run here (`distributed.check_traits`, before the model loads).
 
-This module knows the decoder's layout and FSDP2; nothing of losses or data.
+This module knows the decoder's layout and FSDP2; nothing of losses, data or algorithms.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from retrograd.errors import ConfigError
 from retrograd.model.decoder import Decoder
 from retrograd.model.layers import Linear
 from retrograd.model.moe import Experts
@@ -45,35 +44,6 @@ BYTES = "raw"  # the name of a module's Parameter of stored bytes
 # float32 by design (the decoder casts to its compute dtype where a product needs it), and the
 # trained parameters are not FSDP2's. A param_dtype here would only round the norms.
 POLICY = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
-
-
-# The loops whose ranks run the same passes in the same order (an SFT step's passes, a
-# preference step's pieces: a rank runs the others' with a zero loss, see algorithms/step.py and
-# algorithms/preference.py); rollout loops sample a different number of tokens on each rank.
-LOCKSTEP_LOOPS = ("sft", "preference", "distill/topk_offline")
-
-
-def check_loop(loop: str) -> None:
-    """Refuse fsdp2 for a loop whose ranks do not run the same passes (`[run].algorithm`, or
-    distill/<mode>)."""
-    if loop not in LOCKSTEP_LOOPS:
-        raise ConfigError(
-            f'[training].parallel = "fsdp2": [run].algorithm = {loop!r} does not run its ranks '
-            'in step (each rank scores or samples its own share) in this version; use "ddp", '
-            f"or train {', '.join(LOCKSTEP_LOOPS)} with fsdp2"
-        )
-
-
-def wrap_trainable(model, trainables, cfg, world):
-    """[training].parallel = "fsdp2" on several ranks: the blocks sharded, the trained tensors
-    replicated as under ddp (the same Replicas, whose sum_step adds their gradients)."""
-    from retrograd import distributed
-
-    check_loop(distributed.loop_name(cfg))
-    shard_decoder(model.decoder, trainables.params)
-    replicas = distributed.Replicas(world)
-    replicas.make_equal(trainables.params)
-    return replicas
 
 
 def register_block_bytes(block: nn.Module) -> int:
