@@ -79,13 +79,6 @@ KNOWN = frozenset(
 KNOWN_CIRCLES = frozenset(
     {
         ("retrograd.agent.local", "retrograd.agent.sandbox_env"),
-        (
-            "retrograd.config.availability",
-            "retrograd.config.rules",
-            "retrograd.config.rules_agent",
-            "retrograd.config.rules_algorithms",
-            "retrograd.config.rules_train",
-        ),
     }
 )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retrograd.config.report import Issue
-from retrograd.config.rules import Draft, issue, rule
+from retrograd.config.rule_base import Draft, issue, rule
 from retrograd.config.rules_train import SWITCHED_KEYS
 
 HONOURED = "honoured"

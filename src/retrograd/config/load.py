@@ -27,7 +27,8 @@ from retrograd.config.document import (
 )
 from retrograd.config.report import Issue, issues_from_pydantic, suggest
 from retrograd.config.resolved import resolved_lines
-from retrograd.config.rules import Draft, issue, run_rules
+from retrograd.config.rule_base import Draft, issue
+from retrograd.config.rules import run_rules
 from retrograd.config.rules_train import OUTPUT_KINDS
 from retrograd.config.training import GefenSection, MuonSection, OptimizerSection
 from retrograd.errors import ConfigError

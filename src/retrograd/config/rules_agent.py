@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from retrograd.config.agent import BUILTIN_TOOLSETS, AgentSection, McpServer, ToolsConfig
 from retrograd.config.judge import STRATEGY_KEYS, RulerJudge
 from retrograd.config.report import Issue
-from retrograd.config.rules import Draft, issue, rule
+from retrograd.config.rule_base import Draft, issue, rule
 from retrograd.config.rules_algorithms import clip_order, group_fits
 
 LOCAL_ONLY = ("env", "cwd", "env_passthrough")

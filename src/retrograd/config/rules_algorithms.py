@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from retrograd.config.algorithms import PREFERENCE_LOSS_KEYS
 from retrograd.config.report import Issue
-from retrograd.config.rules import Draft, issue, rule
+from retrograd.config.rule_base import Draft, issue, rule
 
 JUDGED_KEYS = ("judge_weight", "judge_failure", "max_judge_dropped_fraction")
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from retrograd.config.document import PINNED_ACCUMULATION
 from retrograd.config.report import Issue
-from retrograd.config.rules import Draft, issue, rule, set_value
+from retrograd.config.rule_base import Draft, issue, rule, set_value
 
 ADAPTER_MODES = ("lora", "hybrid")
 # output.kind values allowed per mode; the first is the default.
