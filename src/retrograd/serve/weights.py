@@ -81,17 +81,17 @@ class Loaded:
 
 def load_for_generation(cfg, adapter: Path | None, ctx: int | None, device: str | None) -> Loaded:
     """Load the model (with the adapter), its chat template and a sampler for chat and serve."""
-    import retrograd
     from retrograd.sampling import Sampler
     from retrograd.sampling.engine import run_settings
     from retrograd.tokenizer import ChatFormat, chat_template
+    from retrograd.trainable.lora import load_adapted
 
     if ctx is not None and ctx < 2:
         raise ConfigError(f"--ctx {ctx}: must be at least 2")
-    model = retrograd.load(
+    model = load_adapted(
         cfg.model.path,
+        adapter,
         device=device or cfg.model.device,
-        adapter=adapter,
         threads=cfg.training.threads,
     )
     section = cfg.algorithm_section

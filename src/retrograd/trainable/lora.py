@@ -6,7 +6,8 @@ one pair per expert, stacked as llama.cpp's adapters hold them: A (n_expert, r, 
 (n_expert, n_out, r), applied to the rows routed to each expert (moe.py). Targets are aliases
 (q, k, v, o, qkv, ffn_gate, ffn_up, ffn_down, output; the ffn aliases also name the experts'
 ffn_*_exps), tensor patterns (blk.*.attn_q.weight) or `auto`.
-This module does not know optimizers or export; it attaches and reads adapters.
+This module does not know optimizers or export; it attaches and reads adapters (and loads a
+model with one: `load_adapted`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,17 @@ def attach_lora(
         lin.lora = lora.to(decoder.device)
         out[name] = lin.lora
     return out
+
+
+def load_adapted(path: str | Path, adapter: str | Path | None = None, **load):
+    """A GGUF model (model.model.load's arguments) with a llama.cpp LoRA GGUF applied on top,
+    frozen; without `adapter` the model alone."""
+    from retrograd.model.model import load as load_model
+
+    model = load_model(path, **load)
+    if adapter is not None:
+        apply_adapter_file(model.decoder, adapter)
+    return model
 
 
 def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -> dict[str, LoRA]:
