@@ -39,6 +39,7 @@ import torch
 
 from retrograd.algorithms import context, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
+from retrograd.algorithms.policy_terms import PolicyTerms
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -184,19 +185,20 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                         r.ref_logprobs = lp
                 values[names.SCORING_SECONDS] = time.perf_counter() - t1
                 t1 = time.perf_counter()
-                for _ in range(g.grpo_epochs):
+                for epoch in range(g.grpo_epochs):
                     lr = lr_at(
                         pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
                     )
-                    out = _epoch(cfg, model.decoder, own, trained, coef, world)
+                    out = _epoch(cfg, model.decoder, own, trained, coef, world, epoch == 0)
                     spread.sum_gradients(params, world)
                     where = f"update {update}"
                     loss = out[names.TOTAL_LOSS]
-                    checked_step(params, optimizer, training.max_grad_norm, lr, loss, where)
+                    norm = checked_step(params, optimizer, training.max_grad_norm, lr, loss, where)
                     pos.global_step += 1
                     backend.policy_changed(pos.global_step)
                     values.update(out)
                     values[names.LEARNING_RATE] = lr
+                    values[names.GRAD_NORM] = norm
                 values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
                 for r in trained:
                     r.trained = True
@@ -209,6 +211,7 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
                     if r.trained is None:
                         r.trained = False
             values[names.KL_COEFFICIENT] = coef
+            values[names.OPTIMIZER_STEPS] = pos.global_step
             pos = Position(update, cursor, pos.global_step, pos.stalled, kl.state_dict())
             if observe is not None:
                 observe.outcome(update, groups)
@@ -378,7 +381,7 @@ def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:
 
 
 def _epoch(
-    cfg, decoder, own: list[Rollout], trained: list[Rollout], kl_coef: float, world
+    cfg, decoder, own: list[Rollout], trained: list[Rollout], kl_coef: float, world, first: bool
 ) -> dict[str, float]:
     """One pass over this rank's answers (`own`, of the update's `trained`): forward, loss and
     backward per pass of answers, gradients summed (the loss is normalised by the whole
@@ -387,14 +390,11 @@ def _epoch(
     g, training = cfg.grpo, cfg.training
     total_tokens = float(sum(r.n_tokens for r in trained))
     by_answer = g.importance_sampling_level == "sequence"
-    sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0, "gap": 0.0}
+    terms = PolicyTerms(total_tokens, len(trained), by_answer, first)
     for piece in pieces(own, training.micro_batch, fanout(training)):
         lps = score(decoder, own, piece, training)
         batch = [own[i] for i in piece.members]
-        for r, lp in zip(batch, lps, strict=True):
-            if r.old_logprobs is None:
-                r.old_logprobs = lp.detach().numpy().astype(np.float32)
-                sums["gap"] += float(np.abs(r.old_logprobs - r.sampler_logprobs).sum())
+        terms.keep_old(batch, lps)
         width = max(len(lp) for lp in lps)
         logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)
         mask = padded([np.ones(len(lp), np.float32) for lp in lps], width)
@@ -415,20 +415,8 @@ def _epoch(
         )
         out.loss.backward()
         # the pieces' terms are sums over the update's tokens: they add up to the whole's
-        sums["loss"] += float(out.loss.detach())
-        sums["surrogate"] += float(out.surrogate.detach())
-        sums["kl"] += float(out.kl.detach())
-        share = len(batch) / len(trained) if by_answer else float(mask.sum()) / total_tokens
-        sums["clipped"] += float(out.clip_fraction) * share
-    sums = spread.total(sums, world)
-    return {
-        names.TOTAL_LOSS: sums["loss"],
-        names.TRAIN_LOSS: sums["loss"],
-        names.SURROGATE_LOSS: sums["surrogate"],
-        names.POLICY_KL: sums["kl"],
-        names.CLIP_FRACTION: sums["clipped"],
-        names.SAMPLER_LOGPROB_GAP: sums["gap"] / total_tokens,
-    }
+        terms.add(out, mask, len(batch))
+    return terms.metrics(world)
 
 
 # -- metrics and evaluation ----------------------------------------------------------------
@@ -438,6 +426,7 @@ def stats_names(stats: dict) -> dict[str, float]:
     return {
         names.ZERO_STD_GROUP_FRACTION: stats["zero_std_group_fraction"],
         names.ADVANTAGE_ABS_MEAN: stats["advantage_abs_mean"],
+        names.ADVANTAGE_STD: stats["advantage_std"],
         names.TRAINED_FRACTION: stats["trained_fraction"],
     }
 

@@ -42,6 +42,7 @@ import torch
 
 from retrograd.algorithms import context, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
+from retrograd.algorithms.policy_terms import PolicyTerms
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -143,7 +144,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             t1 = time.perf_counter()
             features = _score_features(cfg, model.decoder, own) if critic else None
             old = _old_values(critic, features, world) if critic else None
-            returns = _advantages(cfg, answers, old)
+            returns, values[names.ADVANTAGE_STD] = _advantages(cfg, answers, old)
             values[names.SCORING_SECONDS] = time.perf_counter() - t1
             signal = any(np.any(r.token_advantages != 0) for r in answers)
             for r in answers:
@@ -155,14 +156,14 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             before = pos.global_step
             t1 = time.perf_counter()
             if signal:
-                for _ in range(p.ppo_epochs):
+                for epoch in range(p.ppo_epochs):
                     lr = lr_at(
                         pos.global_step, steps, b.rate, training.lr_scheduler, training.warmup_steps
                     )
-                    out = _epoch(cfg, model.decoder, own, answers, world)
+                    out = _epoch(cfg, model.decoder, own, answers, world, epoch == 0)
                     spread.sum_gradients(b.params, world)
                     loss = out[names.TRAIN_LOSS]
-                    checked_step(
+                    values[names.GRAD_NORM] = checked_step(
                         b.params, optimizer, training.max_grad_norm, lr, loss, f"update {update}"
                     )
                     pos.global_step += 1
@@ -178,6 +179,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
             for r in answers:
                 r.trained = signal
             values[names.TRAINED_FRACTION] = float(signal)
+            values[names.OPTIMIZER_STEPS] = pos.global_step
             pos = Position(update, pos.cursor + p.rollout_batch_size, pos.global_step)
             # 3g. report, observe, evaluate, checkpoint
             if observe is not None:
@@ -264,10 +266,11 @@ def _old_values(critic: ValueHead, features, world) -> list[np.ndarray]:
     return spread.everyone(mine, world)
 
 
-def _advantages(cfg, answers: list[Rollout], old) -> torch.Tensor | None:
+def _advantages(cfg, answers: list[Rollout], old) -> tuple[torch.Tensor | None, float]:
     """Per-token advantages into each answer's token_advantages (whitened over the update's
     tokens) and its mean into `advantage`; `old`: the head's values of each answer's tokens
-    (None without a critic). -> the critic's targets, (B, T) padded, or None without one."""
+    (None without a critic). -> the critic's targets, (B, T) padded, or None without one, and
+    the advantages' standard deviation over the tokens before whitening."""
     c = cfg.ppo.critic
     width = max(r.n_tokens for r in answers)
     mask = padded([np.ones(r.n_tokens, np.float32) for r in answers], width)  # (B, T)
@@ -279,27 +282,28 @@ def _advantages(cfg, answers: list[Rollout], old) -> torch.Tensor | None:
     else:
         v = padded(old, width)  # (B, T)
         adv, ret = gae(rewards, v, mask, gamma=c.gamma, lam=c.gae_lambda)
+    spread_before = float(adv[mask.bool()].std(unbiased=False))
     adv = whiten(adv, mask)  # (B, T)
     for i, r in enumerate(answers):
         r.token_advantages = adv[i, : r.n_tokens].numpy().astype(np.float32)
         r.advantage = float(r.token_advantages.mean())
-    return ret if old is not None else None
+    return (ret if old is not None else None), spread_before
 
 
-def _epoch(cfg, decoder, own: list[Rollout], answers: list[Rollout], world) -> dict[str, float]:
+def _epoch(
+    cfg, decoder, own: list[Rollout], answers: list[Rollout], world, first: bool
+) -> dict[str, float]:
     """One pass over this rank's answers (`own`, of the update's `answers`): forward, loss and
     backward per piece, gradients summed (every term is normalised by the update's tokens),
     the terms summed over the ranks. The first pass stores the old log-probabilities it
     computes (its ratios are exactly 1)."""
     p, training = cfg.ppo, cfg.training
     total = float(sum(r.n_tokens for r in answers))
-    sums = {"loss": 0.0, "surrogate": 0.0, "kl": 0.0, "clipped": 0.0}
+    terms = PolicyTerms(total, len(answers), first=first)
     for piece in pieces(own, training.micro_batch, fanout(training)):
         lps = score(decoder, own, piece, training)
         batch = [own[i] for i in piece.members]
-        for r, lp in zip(batch, lps, strict=True):
-            if r.old_logprobs is None:
-                r.old_logprobs = lp.detach().float().cpu().numpy().astype(np.float32)
+        terms.keep_old(batch, lps)
         width = max(len(lp) for lp in lps)
         logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)  # (b, T)
         dev = logp.device
@@ -318,17 +322,10 @@ def _epoch(cfg, decoder, own: list[Rollout], answers: list[Rollout], world) -> d
             normalizer=total,
         )
         out.loss.backward()
-        sums["loss"] += float(out.loss.detach())
-        sums["surrogate"] += float(out.surrogate.detach())
-        sums["kl"] += float(out.kl.detach())
-        sums["clipped"] += float(out.clip_fraction) * float(mask.sum()) / total
-    sums = spread.total(sums, world)
-    return {
-        names.TRAIN_LOSS: sums["loss"],
-        names.SURROGATE_LOSS: sums["surrogate"],
-        names.POLICY_KL: sums["kl"],
-        names.CLIP_FRACTION: sums["clipped"],
-    }
+        terms.add(out, mask, len(batch))
+    out = terms.metrics(world)
+    del out[names.TOTAL_LOSS]  # PPO reports the total as train/loss alone (formats.md §7.2)
+    return out
 
 
 def _train_critic(

@@ -171,14 +171,15 @@ def checked_step(
     lr: float,
     loss: float,
     where: str,
-) -> None:
+) -> float:
     """clip_and_step after checking the loss: a non-finite loss or gradient stops the run
-    before the update, with `where` (the step and what it trained on) in the message."""
+    before the update, with `where` (the step and what it trained on) in the message.
+    Returns the gradient norm before clipping."""
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         raise TrainingError(f"{where}: the loss is {loss}; {DIVERGED}")
     try:
-        clip_and_step(params, optimizer, max_grad_norm, lr)
+        return clip_and_step(params, optimizer, max_grad_norm, lr)
     except TrainingError as e:
         raise TrainingError(f"{where}: {e}; {DIVERGED}") from None
 

@@ -48,6 +48,10 @@ class PolicyLossOut:
     kl: Tensor
     clip_fraction: Tensor  # share of trained tokens (answers at sequence level) clipped
     ratio_mean: Tensor  # mean ρ over trained tokens, or mean s over answers
+    clip_low_fraction: Tensor  # the part of clip_fraction below 1 − clip_low (advantage < 0)
+    clip_high_fraction: Tensor  # the part above 1 + clip_high (advantage > 0)
+    ratio_min: Tensor  # the extremes of ρ over the trained tokens (1 where none train)
+    ratio_max: Tensor
 
 
 def policy_loss(
@@ -95,13 +99,19 @@ def policy_loss(
     else:
         kl = (kl_k3(logp, _masked(ref_logp, keep, dtype)) * m).sum() / denom
     # Clipped where the clip's flat side is the one taken: the token gets no gradient.
-    active = ((ratio > 1.0 + clip_high) & (adv > 0)) | ((ratio < 1.0 - clip_low) & (adv < 0))
+    high = (ratio > 1.0 + clip_high) & (adv > 0)  # (B, T)
+    low = (ratio < 1.0 - clip_low) & (adv < 0)  # (B, T)
+    r = ratio.detach()
     return PolicyLossOut(
         loss=surrogate + kl_coef * kl,
         surrogate=surrogate,
         kl=kl,
-        clip_fraction=_stat_mean(active.to(dtype), m, by_answer),
-        ratio_mean=_stat_mean(ratio.detach(), m, by_answer),
+        clip_fraction=_stat_mean((high | low).to(dtype), m, by_answer),
+        ratio_mean=_stat_mean(r, m, by_answer),
+        clip_low_fraction=_stat_mean(low.to(dtype), m, by_answer),
+        clip_high_fraction=_stat_mean(high.to(dtype), m, by_answer),
+        ratio_min=r[keep].min() if keep.any() else r.new_ones(()),
+        ratio_max=r[keep].max() if keep.any() else r.new_ones(()),
     )
 
 

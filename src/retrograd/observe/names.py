@@ -42,6 +42,19 @@ CLIP_FRACTION = "policy/clip_fraction"
 TOTAL_LOSS = "policy/total_loss"
 KL_COEFFICIENT = "policy/kl_coefficient"
 SAMPLER_LOGPROB_GAP = "policy/sampler_logprob_gap"
+# Ours too, to see an update's size and health (GRPO and PPO): the ratio's mean and extremes
+# over the trained tokens, the clipped share split by side, the sample estimate of the
+# entropy (mean -log pi_old of the sampled tokens), the gradient norm before clipping, the
+# optimizer steps taken so far, and the spread of the advantages (before PPO's whitening).
+RATIO_MEAN = "policy/ratio_mean"
+RATIO_MIN = "policy/ratio_min"
+RATIO_MAX = "policy/ratio_max"
+CLIP_LOW_FRACTION = "policy/clip_fraction_low"
+CLIP_HIGH_FRACTION = "policy/clip_fraction_high"
+ENTROPY = "policy/entropy"
+GRAD_NORM = "optimizer/grad_norm"
+OPTIMIZER_STEPS = "optimizer/steps"
+ADVANTAGE_STD = "batch/advantage_std"
 REWARD_SECONDS = "timing/reward_seconds"
 JUDGE_SECONDS = "timing/judge_seconds"
 GENERATION_SECONDS = "timing/generation_seconds"

@@ -96,7 +96,8 @@ def assign_advantages(
 ) -> dict:
     """Sets Rollout.advantage and skip_reason of every answer; returns the batch statistics
     (formats.md §7.2 batch/...): zero_std_group_fraction over the groups with scores,
-    advantage_abs_mean over the answers that train, trained_fraction over all answers.
+    advantage_abs_mean and advantage_std (population) over the answers that train,
+    trained_fraction over all answers.
 
     Answers already skipped for judge_dropped, unscored or update_skipped (`not_in_baseline`:
     agentic GRPO adds truncated), and answers without a reward (marked unscored here), are
@@ -121,10 +122,11 @@ def assign_advantages(
             if mask_truncated and r.truncated:
                 r.skip_reason = r.skip_reason or "truncated"
     members = [r for g in groups for r in g.members]
-    trained = [abs(r.advantage) for r in members if r.eligible]
+    trained = [r.advantage for r in members if r.eligible]
     return {
         "zero_std_group_fraction": zero_groups / scored_groups if scored_groups else 0.0,
-        "advantage_abs_mean": float(np.mean(trained)) if trained else 0.0,
+        "advantage_abs_mean": float(np.mean(np.abs(trained))) if trained else 0.0,
+        "advantage_std": float(np.std(trained)) if trained else 0.0,
         "trained_fraction": len(trained) / len(members) if members else 0.0,
     }
 

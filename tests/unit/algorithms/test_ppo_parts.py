@@ -33,8 +33,10 @@ def _cfg(gamma=1.0, lam=0.95):
 
 def test_without_a_critic_every_token_carries_its_answers_whitened_reward():
     answers = _answers([1.0, 0.0, 0.5], [2, 3, 1])
-    assert _advantages(_cfg(), answers, None) is None
+    returns, spread = _advantages(_cfg(), answers, None)
+    assert returns is None
     tokens = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 0.5])  # each answer's reward on its tokens
+    assert spread == pytest.approx(tokens.std())  # batch/advantage_std: before whitening
     want = (tokens - tokens.mean()) / tokens.std()
     got = np.concatenate([a.token_advantages for a in answers])
     np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -57,7 +59,7 @@ def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():
     features = [torch.randn(3, 4), torch.randn(2, 4)]
     gamma, lam = 0.9, 0.8
     old = _old_values(head, features, World())  # one process: its own answers' values
-    returns = _advantages(_cfg(gamma, lam), answers, old)
+    returns, spread = _advantages(_cfg(gamma, lam), answers, old)
     raw, rets = [], []
     for a, f in zip(answers, features, strict=True):
         v = head(f).detach().double().numpy()
@@ -72,6 +74,7 @@ def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():
         raw.append(adv)
         rets.append(adv + v)
     flat = np.concatenate(raw)
+    assert spread == pytest.approx(flat.std(), rel=1e-5)
     want = (flat - flat.mean()) / flat.std()
     got = np.concatenate([a.token_advantages for a in answers])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -30,6 +30,8 @@ def test_ratio_one_gives_minus_mean_advantage_over_tokens(level):
     assert out.kl.item() == 0.0
     assert out.ratio_mean.item() == pytest.approx(1.0)
     assert out.clip_fraction.item() == 0.0
+    assert out.ratio_min.item() == out.ratio_max.item() == 1.0
+    assert out.clip_low_fraction.item() == out.clip_high_fraction.item() == 0.0
     want = torch.tensor([[-0.2, -0.2, 0.0], [0.4, 0.4, 0.4]])
     torch.testing.assert_close(_grad(out.loss, logp), want)
 
@@ -45,7 +47,11 @@ def test_clip_on_both_sides_with_both_signs():
     # 0.5, A>0: 0.5 kept (gradient -0.5); 0.5, A<0: clipped to 0.8 (no gradient).
     assert out.loss.item() == pytest.approx((-1.28 + 1.5 - 0.5 + 0.8) / 4)
     assert out.clip_fraction.item() == pytest.approx(0.5)
+    # its two parts: 1.5 with A > 0 above the range, 0.5 with A < 0 below it
+    assert out.clip_high_fraction.item() == pytest.approx(0.25)
+    assert out.clip_low_fraction.item() == pytest.approx(0.25)
     assert out.ratio_mean.item() == pytest.approx(1.0)
+    assert (out.ratio_min.item(), out.ratio_max.item()) == pytest.approx((0.5, 1.5))
     want = torch.tensor([[0.0], [1.5], [-0.5], [0.0]], dtype=torch.float64) / 4
     torch.testing.assert_close(_grad(out.loss, logp), want)
 
@@ -96,6 +102,7 @@ def test_sequence_clip_is_per_answer():
         logp, old, torch.ones(2), mask, clip_low=LOW, clip_high=HIGH, level="sequence"
     )
     assert out.clip_fraction.item() == 0.5  # answer 0 clipped at 1.28, answer 1 not
+    assert out.clip_high_fraction.item() == 0.5 and out.clip_low_fraction.item() == 0.0
     g = _grad(out.loss, logp)
     assert torch.all(g[0] == 0) and torch.all(g[1] < 0)
     assert out.loss.item() == pytest.approx(-(2 * 1.28 + 2 * math.exp(0.02)) / 4, rel=1e-6)
@@ -148,7 +155,8 @@ def test_padding_gets_no_value_and_no_gradient(level):
     bad_old = torch.where(mask, old, junk.view(3, 5).flip(1))
     bad_ref = torch.where(mask, ref, junk.view(3, 5))
     dirty = policy_loss(dirty_logp, bad_old, adv, mask, **{**kw, "ref_logp": bad_ref})
-    for name in ("loss", "surrogate", "kl", "clip_fraction", "ratio_mean"):
+    stats = ("clip_fraction", "ratio_mean", "clip_low_fraction", "clip_high_fraction")
+    for name in ("loss", "surrogate", "kl", *stats, "ratio_min", "ratio_max"):
         torch.testing.assert_close(getattr(dirty, name), getattr(clean, name))
     g = _grad(dirty.loss, logp)
     assert torch.isfinite(g).all() and torch.all(g[~mask] == 0)

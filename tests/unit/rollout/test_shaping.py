@@ -91,6 +91,7 @@ def test_assign_advantages_sets_records_and_returns_batch_stats():
     assert stats == {
         "zero_std_group_fraction": 0.5,  # of the two groups with scores
         "advantage_abs_mean": 0.5,
+        "advantage_std": pytest.approx(2**0.5 / 3),  # 0.5, -0.5, -0.5 about their mean -1/6
         "trained_fraction": 3 / 12,
     }
 
@@ -126,6 +127,7 @@ def test_assign_on_no_groups():
     assert stats == {
         "zero_std_group_fraction": 0.0,
         "advantage_abs_mean": 0.0,
+        "advantage_std": 0.0,
         "trained_fraction": 0.0,
     }
 
