@@ -1,7 +1,8 @@
 """Scenario JSONL for agentic GRPO (formats.md §1.6): one task per line.
 
 Strict: `id` (non-blank, unique), `user` (non-empty), optional `system`, optional `metadata`
-(an object, copied onto every trajectory so it reaches the judge); any other key is refused.
+(an object, copied onto every trajectory so it reaches the judge); any other key is refused,
+and so is a lone surrogate anywhere (a `\\ud800` escape: no template, tokenizer or file takes it).
 `metadata.env` declares a sandbox task (container and local environments): `files` (path ->
 contents, written into the workspace), `setup` (shell commands run at reset), `verify`
 (`{"command": [argv], "reward_on_success": 1.0}`), `summary` (argv whose output is the terminal
@@ -19,6 +20,7 @@ from typing import Any
 
 from retrograd.data.sft import json_records
 from retrograd.errors import DataError
+from retrograd.text import is_text
 
 KEYS = {"id", "user", "system", "metadata"}
 ENV_KEYS = {"files", "setup", "verify", "summary", "toolset"}
@@ -103,6 +105,8 @@ def read_scenarios(path: str | Path, where: str = "[agent].scenarios") -> Scenar
 def parse_scenario(record: Any, place: str, index: int = 0) -> Scenario:
     if not isinstance(record, dict):
         raise DataError(f"{place}: a scenario must be a JSON object")
+    if not is_text(json.dumps(record, ensure_ascii=False)):  # rendered, tokenized, written
+        raise DataError(f"{place}: holds a lone surrogate (a \\ud800 escape), which is not text")
     extra = sorted(set(record) - KEYS)
     if extra:
         raise DataError(

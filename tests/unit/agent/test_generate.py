@@ -290,3 +290,24 @@ def test_generate_shows_a_local_environment_default_toolset(tmp_path, key):
     catalog = json.loads(system.split("(OpenAI function format):\n")[1].split("\n\nAlso follow")[0])
     names = [t["function"]["name"] for t in catalog]
     assert names == sorted(names) and {"bash", "python", "run_tests", "submit"} <= set(names)
+
+
+def test_a_scenario_holding_a_lone_surrogate_is_dropped_or_refused(tmp_path):
+    """A generated scenario whose text holds a lone surrogate (a \\ud800 escape) is invalid,
+    dropped like any other, where writing the file raised UnicodeEncodeError; in a scenario
+    file it is an error naming the line, not a crash when the chat template renders it."""
+    gen = settings(count=2, batch_size=2, shuffle=False)
+    hostile = '{"scenarios": [{"id": "a", "user": "Task \\ud800."}, {"id": "b", "user": "B."}, '
+    hostile += '{"id": "c", "user": "C.", "metadata": {"\\udc80": 1}}]}'
+    script = [reply(hostile), batch("d")]
+    with scripted_openai(script) as api, endpoint(api) as ep:
+        prompt = build_prompt(gen, [])
+        result = generate(gen, prompt, ep, seed=0)
+    assert [s["id"] for s in result.scenarios] == ["b", "d"] and result.invalid == 2
+    assert sum("lone surrogate" in w for w in result.warnings) == 2
+    out = tmp_path / "scenarios.jsonl"
+    write_scenarios(out, result.scenarios, prompt, gen, 0)
+    assert len(read_scenarios(out)) == 2
+    out.write_text('{"id": "a", "user": "fine"}\n{"id": "b", "user": "x\\ud800"}\n')
+    with pytest.raises(DataError, match=r"scenarios\.jsonl:2: .*lone surrogate"):
+        read_scenarios(out)
