@@ -6,7 +6,7 @@ Importing this package imports nothing heavy; torch loads on first use.
 
 import os as _os
 
-__version__ = "0.1.0"
+from retrograd.version import __version__
 
 # NOTE: PyTorch's CPU allocator backs buffers of 2 MiB and more with transparent huge pages
 # when this is set before its first allocation (it reads it once, so importing torch before

@@ -527,7 +527,7 @@ def collect_groups(
     """`retrograd collect` without --api: k trajectories per scenario from the local model
     (and init_adapter), scored as training scores them; nothing trains. -> per scenario, its
     trajectories. Scenario i is rolled out from seeds seed + i × k + j."""
-    import retrograd
+    from retrograd.model.model import load
     from retrograd.trainable.plan import build_lora_plan as plan_of
 
     a = cfg.agent
@@ -540,7 +540,7 @@ def collect_groups(
         env = world.environment
         if env is not None:
             env.check_scenarios(scenarios)
-        model = retrograd.load(model_path, device=cfg.model.device, threads=cfg.training.threads)
+        model = load(model_path, device=cfg.model.device, threads=cfg.training.threads)
         if cfg.lora is not None and cfg.lora.init_adapter:
             plan_of(model.decoder, cfg.lora, init_adapter=cfg.lora.init_adapter)
         chat = context.chat_format(model, a.template_variables)

@@ -256,12 +256,10 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
 
 def load_teacher(cfg, model):
     """The teacher GGUF on the student's device, checked to share its tokenizer."""
-    import retrograd
+    from retrograd.model.model import load
 
     t0 = time.perf_counter()
-    teacher = retrograd.load(
-        cfg.distill.teacher_path, device=cfg.model.device, threads=cfg.training.threads
-    )
+    teacher = load(cfg.distill.teacher_path, device=cfg.model.device, threads=cfg.training.threads)
     context.check_same_tokenizer(model, teacher, "[distill].teacher_path")
     log.info("teacher loaded in %.2f s", time.perf_counter() - t0)
     return teacher

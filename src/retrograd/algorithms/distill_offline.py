@@ -90,9 +90,9 @@ def write_sidecar(
         raise ConfigError(f"--k {k}: more than the teacher's {vocab} tokens")
     chat = context.file_chat_format(teacher)
     corpus = load_sft_data(data, chat.tokenizer, ctx, "jsonl", chat)
-    import retrograd
+    from retrograd.model.model import load
 
-    model = retrograd.load(teacher, device=cfg.model.device, threads=cfg.training.threads)
+    model = load(teacher, device=cfg.model.device, threads=cfg.training.threads)
     decoder = model.decoder
     counts, targets, ids, lps = [], [], [], []
     agree = 0

@@ -20,7 +20,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-import retrograd
 from retrograd.checkpoint.layout import MANIFEST, CheckpointError, read_manifest
 from retrograd.checkpoint.state import (
     FORMAT_VERSION,
@@ -36,6 +35,7 @@ from retrograd.checkpoint.state import (
 )
 from retrograd.gguf import GGUFFile, write_gguf, write_lora_adapter
 from retrograd.gguf.writer import fsync_dir
+from retrograd.version import __version__
 
 ADAPTER, TRAINABLE, OPTIMIZER_BIN, ARTIFACTS = (
     "adapter.gguf",
@@ -170,7 +170,7 @@ def _manifest(directory: Path, checkpoint_id: str, state: CheckpointState) -> di
         "architecture": state.architecture,
         "trainable_policy": dict(state.trainable_plan),
         "files": files,
-        "app_version": ident.app_version or retrograd.__version__,
+        "app_version": ident.app_version or __version__,
         "model_signature": ident.model_signature,
         "model_bytes": ident.model_bytes,
         "model_fingerprint": ident.model_fingerprint,

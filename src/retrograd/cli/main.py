@@ -9,11 +9,11 @@ import argparse
 import importlib
 import sys
 
-from retrograd import __version__
 from retrograd.algorithms import table
 from retrograd.cli.bench import BENCHES
 from retrograd.cli.profile import PROFILED
 from retrograd.errors import RetrogradError
+from retrograd.version import __version__
 
 
 def _benched() -> str:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 
-from retrograd import __version__
 from retrograd.server.config import CATALOGUES, ServerConfig
 from retrograd.server.datasets import Datasets
 from retrograd.server.documents import DERIVED
@@ -28,6 +27,7 @@ from retrograd.server.model_files import ModelFiles
 from retrograd.server.runner import Runs
 from retrograd.server.serving import CHAT, Serving, model_routes
 from retrograd.server.store import RunStore
+from retrograd.version import __version__
 
 DATASETS = "/v1/datasets"  # uploads: their own body limit, a limit on silences, no time limit
 SHUTDOWN_SECONDS = 600  # formats.md §9.1: live runs get this long to checkpoint and stop

@@ -28,10 +28,10 @@ def _peak_rss() -> int:
 
 
 def preflight(request: dict[str, Any]) -> dict[str, Any]:
-    import retrograd
+    from retrograd.model.model import load
     from retrograd.model.preflight import preflight as audit
 
-    model = retrograd.load(request["model"], device=request.get("device") or "auto")
+    model = load(request["model"], device=request.get("device") or "auto")
     report = audit(model.decoder, list(request.get("targets") or ["auto"]))
     return {
         "model": model.gguf.path.name,
