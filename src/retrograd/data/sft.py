@@ -28,6 +28,7 @@ import numpy as np
 
 from retrograd import nesting
 from retrograd.errors import DataError
+from retrograd.text import is_text
 from retrograd.tokenizer.records import validate_record
 
 TEXT_EXTENSIONS = (".txt", ".md")
@@ -138,13 +139,22 @@ def _text(path: Path, raw: bytes, tokenizer, ctx: int) -> list[Example]:
 
 
 def json_records(path: Path, raw: bytes) -> Iterator[tuple[str, object]]:
-    """(place, decoded JSON value) of each non-blank line (jsonl_lines); DataError naming the
-    line that is not valid JSON, or nested deeper than nesting.MAX_DEPTH."""
+    """(place, decoded JSON value) of each non-blank line (jsonl_lines)."""
     for place, text in jsonl_lines(path, raw):
-        try:
-            yield place, nesting.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+        yield place, json_line(text, place)
+
+
+def json_line(text: str, place: str) -> object:
+    """One JSONL line's value; DataError naming `place` for a line that is not valid JSON, is
+    nested deeper than nesting.MAX_DEPTH, or holds a lone surrogate (a \\ud800 escape, which
+    no template, tokenizer or file takes)."""
+    try:
+        value = nesting.loads(text)
+    except json.JSONDecodeError as e:  # nested too deep (nesting.TooDeep) included
+        raise DataError(f"{place}: invalid JSON ({e.msg} at column {e.colno})") from None
+    if "\\u" in text and not is_text(json.dumps(value, ensure_ascii=False)):
+        raise DataError(f"{place}: a lone surrogate (a \\ud800 escape), which is not text")
+    return value
 
 
 def jsonl_lines(path: Path, raw: bytes) -> Iterator[tuple[str, str]]:
@@ -177,10 +187,7 @@ def jsonl_lines(path: Path, raw: bytes) -> Iterator[tuple[str, str]]:
 def _jsonl(path: Path, raw: bytes, chat, ctx: int) -> tuple[list[Example], int, int, int]:
     examples, rows, truncated, dropped = [], 0, 0, 0
     for where, line in jsonl_lines(path, raw):
-        try:
-            record = nesting.loads(line)
-        except json.JSONDecodeError as e:  # nested too deep (nesting.TooDeep) included
-            raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        record = json_line(line, where)
         messages, tools = validate_record(record, where, chat.tool_format, require_assistant=True)
         enc = chat.encode(messages, tools or None)
         rows += 1

@@ -139,6 +139,7 @@ def test_a_tool_pair_spans_turns_and_is_normalized(tmp_path):
     [
         ("{not json", r"pairs.jsonl:2: invalid JSON"),
         ('{"prompt": ' + "[" * 900 + "]" * 900 + "}", r"pairs.jsonl:2: invalid JSON \(nested more"),
+        ('{"prompt": "x\\udfff"}', r"pairs.jsonl:2: a lone surrogate"),
         ('["a"]', r"pairs.jsonl:2: a pair must be a JSON object"),
         ({"prompt": [user("q")], "rejected": [assistant("r")]}, r'pairs.jsonl:2: missing "chosen"'),
         ({"chosen": [assistant("c")], "rejected": [assistant("r")]}, r'missing "prompt"'),

@@ -96,6 +96,11 @@ def test_long_rows_are_truncated_and_empty_ones_dropped(gemma_chat, tmp_path):
             '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
             r"c.jsonl:2: invalid JSON \(nested more than 64 levels deep at column 77\)",
         ),
+        (  # not a TypeError from the tokenizer: a lone surrogate is no text to train on
+            '{"messages": [{"role": "user", "content": "hi \\ud800"}, '
+            '{"role": "assistant", "content": "ok"}]}',
+            r"c.jsonl:2: a lone surrogate \(a \\ud800 escape\), which is not text",
+        ),
         ('{"messages": []}', 'c.jsonl:2: "messages" must be a non-empty list'),
         (
             '{"messages": [{"role": "user", "content": "only a question"}]}',
