@@ -70,7 +70,6 @@ KNOWN = frozenset(
 # today's circles of files, each as its sorted modules; only ever removed
 KNOWN_CIRCLES = frozenset(
     {
-        ("retrograd.agent.local", "retrograd.agent.sandbox_env"),
         # model.load(adapter=) until load_adapted replaces it
         ("retrograd.model.model", "retrograd.trainable.lora"),
     }

@@ -23,8 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from retrograd.agent.sandbox_env import SandboxPool
+from retrograd.agent.sandbox_env import SandboxEnvironment, SandboxPool
+from retrograd.agent.tools.catalog import load_catalog
 from retrograd.agent.types import ExecResult, Sandbox
+from retrograd.config.agent import LocalEnvironment
 from retrograd.errors import EnvironmentFailure
 
 EXEC_TIMEOUT_SECS = 30.0  # the container defaults ([agent.environment.limits])
@@ -250,3 +252,16 @@ class LocalPool(SandboxPool):
     def close(self) -> None:
         for sandbox in list(self.live):
             self.release(sandbox)
+
+
+def local_environment(section: LocalEnvironment, run_dir: Path) -> SandboxEnvironment:
+    """[agent.environment] type = "local" made live. `run_dir` is the run file's folder:
+    relative definition files and inline exec scripts resolve against it. Commands time out
+    after 30 s and print at most 65536 bytes, as a container's default limits."""
+    catalog = load_catalog(section.tools, Path(run_dir))
+    return SandboxEnvironment(
+        LocalPool(),
+        catalog,
+        setup_timeout_secs=section.setup_timeout_secs,
+        verify_timeout_secs=section.verify_timeout_secs,
+    )

@@ -13,13 +13,12 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.tools.base import decode, render_exec
 from retrograd.agent.tools.builtin import WRITE_SCRIPT
-from retrograd.agent.tools.catalog import Catalog, CatalogEntry, load_catalog
+from retrograd.agent.tools.catalog import Catalog, CatalogEntry
 from retrograd.agent.types import (
     Environment,
     Episode,
@@ -29,7 +28,6 @@ from retrograd.agent.types import (
     ToolSpec,
     Verification,
 )
-from retrograd.config.agent import LocalEnvironment
 from retrograd.errors import DataError, EnvironmentFailure
 
 # verify_timeout_secs = none: a day stands for "no timeout", as Sandbox.exec takes a bound.
@@ -295,18 +293,3 @@ def _left(deadline: float) -> float:
     """What is left of a deadline shared by a sequence of commands (a spent one still gives
     the next command an instant, so that it fails as timed out)."""
     return max(deadline - time.monotonic(), 0.001)
-
-
-def local_environment(section: LocalEnvironment, run_dir: Path) -> SandboxEnvironment:
-    """[agent.environment] type = "local" made live. `run_dir` is the run file's folder:
-    relative definition files and inline exec scripts resolve against it. Commands time out
-    after 30 s and print at most 65536 bytes, as a container's default limits."""
-    from retrograd.agent.local import LocalPool  # local.py imports SandboxPool from here
-
-    catalog = load_catalog(section.tools, Path(run_dir))
-    return SandboxEnvironment(
-        LocalPool(),
-        catalog,
-        setup_timeout_secs=section.setup_timeout_secs,
-        verify_timeout_secs=section.verify_timeout_secs,
-    )

@@ -73,7 +73,7 @@ def open_environment(section, run_dir: Path):
     if section is None:
         return None
     if section.type == "local":
-        from retrograd.agent.sandbox_env import local_environment
+        from retrograd.agent.local import local_environment
 
         return local_environment(section, run_dir)
     if section.type == "container":

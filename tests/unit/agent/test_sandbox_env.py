@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from retrograd.agent.local import LocalPool
-from retrograd.agent.sandbox_env import SandboxEnvironment, local_environment
+from retrograd.agent.local import LocalPool, local_environment
+from retrograd.agent.sandbox_env import SandboxEnvironment
 from retrograd.agent.scenarios import parse_scenario
 from retrograd.agent.tools.catalog import load_catalog
 from retrograd.agent.types import Observation, Verification
