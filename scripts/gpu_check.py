@@ -128,7 +128,7 @@ PARTS = [
         "float32 logits on the device against the CPU's and llama.cpp's; bf16 against float32; "
         "model/logprobs.py's log-probabilities on the device against the CPU's",
         "scripts.gpu_parts:exactness",
-        90,
+        120,  # the first part: it also compiles the fused kernels the others find cached
     ),
     Part(
         "sampling",

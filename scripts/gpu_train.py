@@ -299,7 +299,8 @@ def knob_summary(row: dict) -> str:
 
 
 def one_knob(work: Path, setting, ctx: int, keys: dict, cache: str | None) -> dict:
-    """Two windows of SFT on text with these [training] keys -> first loss, peak memory."""
+    """SFT over a few windows of text (two of Gemma's at ctx 512) with these [training] keys ->
+    first loss, peak memory."""
     import torch
 
     from bench.memory_knobs import TEXT
