@@ -26,7 +26,7 @@ from retrograd.config.agent import HttpEnvironment as HttpConfig
 from retrograd.errors import EnvironmentFailure
 from tests.factories.env_server import env_server
 from tests.factories.mcp_server import ROOT, stdio_command
-from tests.unit.agent.test_container_env import cli, spec  # noqa: F401 (fixture)
+from tests.unit.agent.containers import cli, spec  # noqa: F401 (a fixture)
 
 ENORMOUS = "x" * 1_000_000  # past what one argv element may hold (128 KiB)
 
