@@ -61,9 +61,6 @@ KNOWN = frozenset(
         "distributed/checkpoint.py -> retrograd.checkpoint.layout",
         "model/model.py -> retrograd.trainable.lora",  # load(adapter=)
         "model/preflight.py -> retrograd.trainable.lora",
-        "rollout/agent.py -> retrograd.agent.scenarios",
-        "rollout/agent.py -> retrograd.agent.trajectory",
-        "rollout/agent.py -> retrograd.agent.types",
         "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
     }
 )

@@ -1,7 +1,7 @@
 """Agentic GRPO: group-relative policy optimisation over multi-turn, tool-using trajectories.
 
 Each update: 1. choose scenarios  2. roll a group of trajectories per scenario in lockstep
-(rollout/agent.py)  3. score each group by its environment (verify, step rewards) or, when the
+(agent/rollout.py)  3. score each group by its environment (verify, step rewards) or, when the
 environment does not grade it, by the judge  4. drop what cannot train, advantages  5. reference
 scores  6. epochs_per_update optimizer passes  7. report, observe, evaluate, checkpoint.
 The variant (formats.md §4.4; the GRPO loop's docstring says the shared parts):
@@ -38,7 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrograd.agent.rollout import AgentRoller, AgentSample, Limits
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
+from retrograd.agent.scores import (
+    USABLE,
+    agent_metrics,
+    drop_and_advantage,
+    group_records,
+    score_groups,
+)
 from retrograd.agent.trajectory import Trajectory
 from retrograd.agent.world import World
 from retrograd.algorithms import context, outputs, persist, rollout_run
@@ -51,14 +59,6 @@ from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.optim import lr_at
 from retrograd.rollout import spread
-from retrograd.rollout.agent import AgentRoller, AgentSample, Limits
-from retrograd.rollout.agent_scores import (
-    USABLE,
-    agent_metrics,
-    drop_and_advantage,
-    group_records,
-    score_groups,
-)
 from retrograd.rollout.backend import InProcessBackend
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout

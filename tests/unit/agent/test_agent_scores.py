@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from retrograd.agent.rollout import AgentSample
 from retrograd.agent.scenarios import Scenario
+from retrograd.agent.scores import score_groups
 from retrograd.agent.trajectory import Trajectory
 from retrograd.config.judge import RulerJudge as RulerSection
 from retrograd.rewards.judge import group_id, open_judge
 from retrograd.rewards.ruler.prompt import permutation
-from retrograd.rollout.agent import AgentSample
-from retrograd.rollout.agent_scores import score_groups
 from tests.factories.scripted_openai import reply, scripted_openai, status
 
 

@@ -12,12 +12,12 @@ import logging
 
 import numpy as np
 
+from retrograd.agent.rollout import AgentSample
 from retrograd.data.prompts import Prompt
 from retrograd.errors import JudgeError, TrainingError
 from retrograd.observe import names
 from retrograd.rewards.judge import group_id
 from retrograd.rewards.ruler.prompt import Candidate
-from retrograd.rollout.agent import AgentSample
 from retrograd.rollout.records import Group, Rollout
 from retrograd.rollout.shaping import NOT_IN_BASELINE, assign_advantages, zero_signal
 

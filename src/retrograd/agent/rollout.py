@@ -40,17 +40,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
 from retrograd.agent.types import Episode, Observation, quoted
 from retrograd.errors import EnvironmentFailure
-from retrograd.rollout.backend import InProcessBackend
-from retrograd.sampling.params import FINISH_STOP
-from retrograd.sampling.turns import Thread
+
+if TYPE_CHECKING:
+    from retrograd.sampling.turns import Thread
+
+# NOTE: torch and the sampler are imported where they are used, so that `retrograd.agent`
+# stays importable without torch (scenario checks, collect --api, tools).
 
 log = logging.getLogger(__name__)
 NOT_RUN = "not run: the episode ended with an earlier call"
@@ -148,6 +149,8 @@ class AgentRoller:
         workers: int = 16,
     ):
         if not hasattr(backend, "turns"):
+            from retrograd.rollout.backend import InProcessBackend
+
             backend = InProcessBackend(backend)
         self.backend, self.chat, self.limits = backend, chat, limits
         self.tokenizer = backend.tokenizer
@@ -226,6 +229,10 @@ class AgentRoller:
         tok = self.tokenizer
         seq = tok.tokenize(text, add_bos=True, parse_special=True)
         sample = AgentSample(traj, seq, len(seq), [0] * len(seq), [0.0] * len(seq))
+        import torch
+
+        from retrograd.sampling.turns import Thread
+
         generator = torch.Generator().manual_seed(seed)
         m = _Member(sample, Thread(list(seq), generator), toolbox, render, text, started)
         if failure is not None:
@@ -260,6 +267,8 @@ class AgentRoller:
 
     def _read(self, m: _Member, c) -> dict:
         """Record the sampled turn; -> what to do with it."""
+        from retrograd.sampling.params import FINISH_STOP
+
         s, traj = m.sample, m.sample.traj
         s.seq += c.ids
         s.mask += [1] * len(c.ids)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from retrograd.agent.rollout import AgentRoller, Limits
 from retrograd.agent.scenarios import parse_scenario
-from retrograd.rollout.agent import AgentRoller, Limits
 from tests.factories.agents import EOS, CounterEnvironment, Scripted, call, tiny_chat_model
 
 
