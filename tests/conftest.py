@@ -70,3 +70,29 @@ def gemma_f32(gemma_path) -> Path:
         CACHE.mkdir(exist_ok=True)
         quantize(gemma_path, out, "ALL_F32")
     return out
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_compute_plan():
+    """A command run in-process installs its compute plan (retrograd/compute.py); the next
+    test starts from the environment again, as a new process would."""
+    yield
+    from retrograd import compute
+
+    compute.install(None)
+
+
+@pytest.fixture
+def compute_plan():
+    """compute_plan(**fields): forward passes in the block compute by a ForwardPlan of these
+    fields (fuse, compile, fast_decode, packed); the plain path's equality tests use it."""
+    import contextlib
+
+    from retrograd import compute
+
+    @contextlib.contextmanager
+    def use(**fields):
+        with compute.using(compute.ForwardPlan(**fields)) as plan:
+            yield plan
+
+    return use

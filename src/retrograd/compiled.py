@@ -20,15 +20,16 @@ from typing import TypeVar
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from retrograd import environ
+from retrograd import compute
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable)
 
 
 def compile_enabled() -> bool:
-    """RETRO_COMPILE=0 runs every fused kernel eagerly (the reference path in tests)."""
-    return environ.get("RETRO_COMPILE")
+    """Whether the compute plan compiles (RETRO_COMPILE=0 runs every fused kernel eagerly:
+    the reference path in tests)."""
+    return compute.current().compile
 
 
 RECOMPILE_LIMIT = 512  # shapes one fused function may compile for (PyTorch's default: 8)

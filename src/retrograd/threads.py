@@ -86,7 +86,11 @@ def choose_threads(threads: int | None = None) -> int | None:
     # retrograd.environ` (the docs table) wants environ not yet imported
     from retrograd import environ
 
-    env = environ.get(THREADS_VARIABLE)
+    return asked_threads(environ.get(THREADS_VARIABLE), threads)
+
+
+def asked_threads(env: int | None, threads: int | None) -> int | None:
+    """`env` (RETRO_THREADS, parsed), else `threads` (at least 1), else None."""
     if env is not None:
         return env
     if threads is not None and threads < 1:

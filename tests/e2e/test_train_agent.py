@@ -343,9 +343,11 @@ def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp
 def test_bad_scenarios_are_refused_before_the_model_loads(
     chat_model, tmp_path, capsys, monkeypatch
 ):
-    import retrograd
+    import retrograd.model.model
 
-    monkeypatch.setattr(retrograd, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(
+        retrograd.model.model, "load", lambda *a, **k: pytest.fail("the model loaded")
+    )
     run = write_run(tmp_path, chat_model)
     lines = (tmp_path / "scenarios.jsonl").read_text().splitlines()
     lines[2] = json.dumps({"id": "x", "user": "u", "extra": 1})

@@ -23,11 +23,17 @@ log = logging.getLogger(__name__)
 
 
 def load_model(cfg) -> Model:
-    """The run's base model on its device, with [training].threads applied."""
-    import retrograd
+    """The run's base model on its device, computing by the run's plan (the environment, then
+    [model] and [training]: retrograd/compute.py), which this process installs."""
+    from retrograd import compute, environ
+    from retrograd.model.model import load
 
     t0 = time.perf_counter()
-    model = retrograd.load(cfg.model.path, device=cfg.model.device, threads=cfg.training.threads)
+    plan = compute.ComputePlan.of(
+        environ.read(), device=cfg.model.device, training=cfg.training, where="[training]"
+    )
+    compute.install(plan)
+    model = load(cfg.model.path, plan=plan)
     log.info("model loaded in %.2f s", time.perf_counter() - t0)
     return model
 

@@ -146,6 +146,8 @@ class Sinks:
             return
         con = self.console
         con.print(f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}")
+        for line in model.report.lines():  # the compute plan
+            con.print(line, markup=False)
         con.print(f"data: {data[1]}", markup=False)
         if held is not None:
             con.print(f"evaluation: {held[1]}", markup=False)

@@ -109,6 +109,8 @@ def bench_rewards(cfg, data: str, args) -> int:
     lines = read_prompts(data, "--data" if args.data else "[evaluation].data")
     model = context.load_model(cfg)
     con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
+    for line in model.report.lines():  # the compute plan
+        con.print(line, markup=False)
     prompts = render_prompts(lines, context.chat_format(model), ctx)[: args.limit]
     con.print(f"prompts: {lines.path.name}, answering {len(prompts)}")
     sampler = Sampler(model.decoder, model.tokenizer, max_len=ctx, **run_settings(cfg.training))

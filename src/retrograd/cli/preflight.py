@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     con = Console()
     model = retrograd.load(args.model, device=args.device)
     con.print(f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}")
+    for line in model.report.lines():  # the compute plan
+        con.print(line, markup=False)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     report = preflight(model.decoder, targets)
     con.print(

@@ -18,9 +18,6 @@ key/value gradients come out already summed over the group.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import torch
 import torch.nn.functional as F
 
@@ -31,10 +28,20 @@ QUERY_CHUNK = 128  # query rows per chunk: bounds the (rows x keys) temporaries;
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    fast: bool = False,
 ) -> torch.Tensor:
     """q (B, H, T, D), k and v (B, H_kv, S, D), mask (T, S) or (B, 1, T, S) bool (True = may
-    attend) or None for causal -> (B, H, T, D). Differentiable in q, k and v."""
+    attend) or None for causal -> (B, H, T, D). Differentiable in q, k and v.
+
+    fast (the compute plan's `fast_decode`, the fast sampling context): one query a sequence
+    runs as one fused kernel in float32 straight from the KV cache, no copies of the cache's
+    strided rows, three times faster with 8 sequences. Its scores are float32 where the matmul
+    path rounds them to bf16, so the exact sampling context (training's numbers) leaves it off."""
     if q.device.type != "cpu" or q.dtype == torch.float32:
         # NOTE: float32 (the exactness path) keeps PyTorch's own kernels as the reference.
         H = q.shape[1]
@@ -48,30 +55,9 @@ def attention(
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad:
         return _Attention.apply(q, k, v, mask, scale)
-    if q.shape[2] == 1 and _FAST_DECODE.get():
+    if q.shape[2] == 1 and fast:
         return _decode_step(q, k, v, mask, scale)
     return _forward(q, k, v, mask, scale)[0]
-
-
-_FAST_DECODE = contextvars.ContextVar("retrograd_fast_decode", default=False)
-
-
-@contextlib.contextmanager
-def fast_decode(on: bool = True):
-    """Within this block, one-token attention (a decode step) runs as one fused kernel in
-    float32 straight from the KV cache: no copies of the cache's strided rows, three times
-    faster with 8 sequences. Its scores are float32 where the matmul path rounds them to bf16,
-    so the fast sampling context turns it on and the exact one (training's numbers) does not."""
-    token = _FAST_DECODE.set(on)
-    try:
-        yield
-    finally:
-        _FAST_DECODE.reset(token)
-
-
-def fast_decode_on() -> bool:
-    """Whether the caller is inside `fast_decode`."""
-    return _FAST_DECODE.get()
 
 
 def last_query_mask(mask: torch.Tensor, B: int) -> torch.Tensor:

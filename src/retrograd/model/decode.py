@@ -20,28 +20,45 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from retrograd.compiled import compile_enabled, fused
-from retrograd.model.attention import fast_decode_on, last_query_mask
-from retrograd.model.frozen import lower_packed_linear, packable, packed_linear_op
+from retrograd.compiled import fused
+from retrograd.model.attention import last_query_mask
+from retrograd.model.frozen import lower_packed_linear, onednn_packs, packable, packed_linear_op
 from retrograd.model.layers import rms_norm
 from retrograd.model.rope import apply_rope
 
 
+def model_reason(decoder) -> str | None:
+    """Why no decode step of this model, as loaded, can take the graph; None when one can
+    (the loader reports it; `applies` adds what each call decides)."""
+    cfg, dtype = decoder.cfg, decoder.compute_dtype
+    if not cfg.plain or cfg.attn_softcap:
+        return f"{cfg.name}'s layers have steps the graph lacks"
+    if decoder.device.type != "cpu":
+        return f"on {decoder.device.type}"
+    if dtype == torch.float32:
+        return "float32 compute"
+    if not decoder.token_embd.cache.enabled:
+        return "the dequantized-weight cache is off"
+    if not onednn_packs(dtype):
+        return f"oneDNN packs no {str(dtype).replace('torch.', '')} weights on this CPU"
+    return None
+
+
 def applies(decoder, ctx, T: int) -> bool:
-    """Whether this forward may run its layers through `decode_layers`."""
-    cfg = decoder.cfg
+    """Whether this forward may run its layers through `decode_layers`: a decode step (one
+    new token after a prefill) in the fast sampling context of a compiling plan, over packed
+    weights (`packable`: the cache on, this dtype packed) of a model `model_reason` admits."""
     return (
         T == 1
         and ctx.cache is not None
         and ctx.start > 0
         and ctx.fuse
-        and fast_decode_on()
-        and compile_enabled()
-        and not cfg.attn_softcap
-        and cfg.plain
+        and ctx.plan.fast_decode
+        and ctx.plan.compile
         and not decoder.base_trained  # packed copies are of the file's weights
         and ctx.cache.k[0].dtype == ctx.dtype
         and packable(ctx.dtype, decoder.device, decoder.token_embd)
+        and model_reason(decoder) is None
     )
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from retrograd import compute
 from retrograd.compiled import fused
 from retrograd.model import decode
 from retrograd.model.attention import attention, repeat_kv
@@ -142,7 +143,7 @@ class Block(nn.Module):
         if cfg.attn_softcap or sinks is not None:
             o = _eager_attention(q, k, v, mask, cfg.attn_softcap, sinks)
         else:
-            o = attention(q, k, v, mask, scale=1.0)  # (B, H, T, D)
+            o = attention(q, k, v, mask, 1.0, ctx.plan.fast_decode)  # (B, H, T, D)
         B, H, T, D = o.shape
         o = o.transpose(1, 2).reshape(B, T, H * D)
         if gate is not None:
@@ -323,7 +324,8 @@ def _eager_attention(q, k, v, mask, cap: float = 0.0, sinks=None) -> torch.Tenso
 
 
 class ForwardContext:
-    """Per-call values shared by all layers: rope tables, masks, cache, dtypes."""
+    """Per-call values shared by all layers: rope tables, masks, cache, dtypes, and the compute
+    plan's switches (`plan`, read once per forward: retrograd/compute.py)."""
 
     def __init__(
         self,
@@ -339,11 +341,12 @@ class ForwardContext:
         positions: torch.Tensor | None = None,
     ):
         self.dtype, self.cache, self.start, self.f16_gelu = dtype, cache, start, f16_gelu
+        self.plan = compute.current()
         self.T, self.B = T, 1  # the decoder sets B, the batch size
         # (B, T): False at left padding, where a recurrent layer must keep its state as it is
         self.valid = None if key_mask is None else key_mask[:, start : start + T]
         # NOTE: float32 is the exactness path: plain eager operations, as the oracle tests saw
-        self.fuse = dtype != torch.float32
+        self.fuse = dtype != torch.float32 if self.plan.fuse is None else self.plan.fuse
         if positions is None:  # shared by the batch: cache slot = position
             positions = torch.arange(start, start + T, device=device)  # (T,)
         self.rope = _angles(
@@ -428,6 +431,7 @@ class Decoder(nn.Module):
         self.logit_mul = 1.0 / cfg.logit_scale  # granite: logits / logit_scale
         self.checkpointing: tuple[int, torch.dtype] | None = None
         self.base_trained = False  # a Linear reads a trained weight (trainable/base.py)
+        self.plan: compute.ComputePlan | None = None  # what it was loaded by (model/loader.py)
         # Blocks sharded by FSDP2 (model/fsdp2.py): a block's weights exist whole only
         # within its own pass, so no block may read the next one's norm ahead of time.
         self.sharded = False

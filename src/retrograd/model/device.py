@@ -147,9 +147,14 @@ def configure_allocator() -> None:
 def configure_threads(threads: int | None = None) -> int:
     """Set torch's intra-op threads as retrograd/threads.py chooses them (RETRO_THREADS, else
     `threads`, else torch's own count bounded by the usable CPUs); the count in force."""
+    return apply_threads(choose_threads(threads))
+
+
+def apply_threads(chosen: int | None) -> int:
+    """Set torch's intra-op threads to `chosen` (a compute plan's), or to torch's own count
+    bounded by the usable CPUs when None; the count in force."""
     import torch
 
-    chosen = choose_threads(threads)
     if chosen is None:
         chosen = default_threads(torch.get_num_threads())
     if chosen != torch.get_num_threads():

@@ -11,8 +11,6 @@ decides and reports. Nothing here knows about architectures or LoRA.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
 
@@ -20,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from retrograd import compute
 from retrograd.gguf import TensorInfo
 from retrograd.model.dequant import check_supported, dequantize, dequantize_rows
 
@@ -49,7 +48,7 @@ class DenseCache:
 
     def packed(self, owners: list[FrozenTensor], dtype: torch.dtype) -> torch.Tensor:
         """Weights with one input (q, k, v; gate, up; or a single one) stacked by rows, in
-        oneDNN's blocked layout for `x @ W^T` (see `packed_weights`): one matrix-vector product
+        oneDNN's blocked layout for `x @ W^T` (see `packable`): one matrix-vector product
         instead of several. Packed from cached dense copies where they exist, else from
         dequantized ones that are dropped."""
         key = (tuple(id(o) for o in owners), "packed", dtype)
@@ -176,36 +175,30 @@ class FrozenTensor:
 # 32 rows: laid out for 1 row 52, 118, 169 ms; for 32 rows 56, 79, 128 ms. bf16 (AMX) for 1.
 PACK_ROWS = {torch.bfloat16: 1, torch.float32: 32}
 
-_PACKED: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
-    "retrograd_packed_weights", default=frozenset()
-)
-
-
-@contextlib.contextmanager
-def packed_weights(on: bool = True, float32: bool = False):
-    """Within this block, gradient-free matmuls on the CPU read cached frozen weights in
-    oneDNN's blocked layout. bf16 (where the CPU has bf16 instructions): the same numbers bit
-    for bit (tests/unit/model), but a decode step's matrix-vector products run about twice as
-    fast (the 262k x 640 head: 8 ms against 15 ms for one row). `float32` too (the fast
-    sampling context): oneDNN's f32 kernel rounds differently from the plain product (in the
-    last bits of a sum), and on an AVX2 CPU reads the
-    head 2-4x faster at 1-32 rows (95 -> 51 ms at one row, 231 -> 63 ms at eight). The sampler
-    turns it on; the packed copies live in the dense cache, so they exist only where the cache
-    is on (and cost as much memory as the dense copies again)."""
-    dtypes = {torch.bfloat16} | ({torch.float32} if float32 else set()) if on else set()
-    token = _PACKED.set(frozenset(dtypes))
-    try:
-        yield
-    finally:
-        _PACKED.reset(token)
-
 
 def packable(dtype: torch.dtype, device: torch.device, weight: FrozenTensor) -> bool:
     """Whether gradient-free products in `dtype` on `device` read packed copies of weights
-    that share `weight`'s cache (see `packed_weights`)."""
+    that share `weight`'s cache: where the compute plan packs `dtype` (the sampler's overlay,
+    `SamplingPlan.forward`), on the CPU, with the cache on.
+
+    oneDNN's blocked layout: bf16 (where the CPU has bf16 instructions) gives the same numbers
+    bit for bit (tests/unit/model), but a decode step's matrix-vector products run about twice
+    as fast (the 262k x 640 head: 8 ms against 15 ms for one row). float32 (the fast sampling
+    context only): oneDNN's f32 kernel rounds differently from the plain product (in the last
+    bits of a sum), and on an AVX2 CPU reads the head 2-4x faster at 1-32 rows (95 -> 51 ms at
+    one row, 231 -> 63 ms at eight). The packed copies live in the dense cache, so they exist
+    only where the cache is on (and cost as much memory as the dense copies again)."""
     return (
-        dtype in _PACKED.get() and device.type == "cpu" and weight.cache.enabled and _onednn(dtype)
+        dtype in compute.current().packed
+        and device.type == "cpu"
+        and weight.cache.enabled
+        and _onednn(dtype)
     )
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of `dtype` on this CPU (`_onednn`)."""
+    return _onednn(dtype)
 
 
 @functools.cache
@@ -260,7 +253,7 @@ def frozen_linear_group(x: torch.Tensor, weights: list[FrozenTensor]) -> list[to
     """[x @ W_i^T] for weights sharing the input x (q, k, v; gate, up) as one product over the
     weights stacked by rows, forward and backward; None where grouping does not apply.
 
-    Packed while sampling (see `packed_weights`); otherwise in 16-bit compute with the cache
+    Packed while sampling (see `packable`); otherwise in 16-bit compute with the cache
     on, from a cached stacked copy that replaces the single ones (one matmul of 1,536 or 4,096
     rows instead of three or two, and one input gradient instead of a sum of three). Float32,
     the exactness path, keeps one product per weight.

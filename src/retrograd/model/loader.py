@@ -1,8 +1,9 @@
 """Build a Decoder from a GGUF file: map the bytes, check every type, decide the dense cache.
 
 The loader is the only place that knows both the file's tensor names and the decoder's
-structure. It reports what it chose (device, compute dtype, dense cache) so that commands can
-print it.
+structure. It resolves the compute plan against the file and the machine and reports what it
+chose (`compute.Resolved`: device, compute dtype, dense cache, decode graph) so that commands
+can print it.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 
 from retrograd import environ
+from retrograd.compute import ComputePlan, Resolved, WeightsPlan
 from retrograd.errors import GGUFError
 from retrograd.gguf import GGUFFile, TensorInfo
+from retrograd.model import decode
 from retrograd.model.arch import FLOAT_PARTS
 from retrograd.model.config import ModelConfig
 from retrograd.model.decoder import Block, Decoder
@@ -26,28 +28,7 @@ from retrograd.model.frozen import DenseCache, FrozenTensor
 from retrograd.model.layers import Linear, RMSNorm
 from retrograd.model.moe import Experts
 
-CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    device: torch.device
-    dtype: torch.dtype
-    file_bytes: int
-    dense_bytes: int  # what a full dense cache of the frozen matmul weights takes
-    cache: bool
-    cache_reason: str
-
-    def describe(self) -> str:
-        gib = 1 << 30
-        state = "on" if self.cache else "off"
-        return (
-            f"device {self.device.type}, compute {str(self.dtype).replace('torch.', '')}, "
-            f"weights {self.file_bytes / gib:.2f} GiB as stored, dequantized-weight cache "
-            f"{state} ({self.dense_bytes / gib:.2f} GiB; {self.cache_reason})"
-        )
 
 
 def tensor_bytes(info: TensorInfo, device: torch.device) -> torch.Tensor:
@@ -64,22 +45,33 @@ def _float(info: TensorInfo, device: torch.device) -> torch.Tensor:
     )
 
 
-def decide_cache(dense_bytes: int, device: torch.device, mode: str = "auto") -> tuple[bool, str]:
-    env = environ.get("RETRO_DEQUANT_CACHE")
-    if env != "auto":
-        return env == "on", environ.setting("RETRO_DEQUANT_CACHE")
-    if mode in ("on", "off"):
-        return mode == "on", f"requested {mode}"
+def decide_cache(
+    dense_bytes: int, device: torch.device, weights: WeightsPlan, source: str = "default"
+) -> tuple[bool, str]:
+    """Whether the dequantized-weight cache is on, and why: as the plan asks (`source` names
+    who asked), else on when a full cache fits in `budget_fraction` of the free memory."""
+    if weights.cache in ("on", "off"):
+        asked = source if source.startswith("RETRO_") else f"requested {weights.cache}"
+        return weights.cache == "on", asked
     free = available_memory(device)
-    if dense_bytes <= CACHE_FRACTION * free:
+    if dense_bytes <= weights.budget_fraction * free:
         return True, f"fits in {free / (1 << 30):.1f} GiB available"
     return False, f"would not fit comfortably in {free / (1 << 30):.1f} GiB available"
 
 
 def build_decoder(
-    g: GGUFFile, device: torch.device, dtype: torch.dtype, cache_mode: str = "auto"
-) -> tuple[Decoder, LoadReport]:
+    g: GGUFFile,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache: str = "auto",
+    plan: ComputePlan | None = None,
+) -> tuple[Decoder, Resolved]:
+    """The decoder of `g` on `device` computing in `dtype`, and what loading decided from
+    `plan` (the dense cache, the decode graph); without one, the environment's plan with this
+    `cache` mode."""
     started = time.perf_counter()
+    if plan is None:
+        plan = ComputePlan.of(environ.read(), cache=cache)
     for info in g.tensors.values():
         check_supported(info.ggml_type, where=f"{g.path.name}: tensor {info.name}")
     cfg = ModelConfig.from_gguf(g)
@@ -87,11 +79,11 @@ def build_decoder(
         t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) in (2, 3)
     ]
     dense_bytes = sum(t.n_elements for t in matmul) * torch.finfo(dtype).bits // 8
-    cache_on, reason = decide_cache(dense_bytes, device, cache_mode)
-    cache = DenseCache(cache_on)
+    cache_on, reason = decide_cache(dense_bytes, device, plan.weights, plan.source("cache"))
+    dense = DenseCache(cache_on)
 
     def frozen(name: str) -> FrozenTensor:
-        return FrozenTensor(g.tensor(name), tensor_bytes(g.tensor(name), device), cache)
+        return FrozenTensor(g.tensor(name), tensor_bytes(g.tensor(name), device), dense)
 
     def opt(name: str):
         return g.tensors.get(name)
@@ -120,12 +112,23 @@ def build_decoder(
         None if freqs is None or not cfg.arch.rope_freqs_tensor else _float(freqs, device),
     )
     decoder.set_compute_dtype(dtype)
-    report = LoadReport(device, dtype, g.n_bytes, dense_bytes, cache_on, reason)
+    decoder.plan = plan
+    report = Resolved(
+        plan,
+        device,
+        dtype,
+        g.n_bytes,
+        dense_bytes,
+        cache_on,
+        reason,
+        torch.get_num_threads(),
+        decode.model_reason(decoder),
+    )
     _log_decisions(g, cfg, report, time.perf_counter() - started)
     return decoder, report
 
 
-def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: LoadReport, seconds: float) -> None:
+def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: Resolved, seconds: float) -> None:
     """[run].verbose: what the loader chose, and how long building the decoder took."""
     if not log.isEnabledFor(logging.INFO):
         return
@@ -139,6 +142,8 @@ def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: LoadReport, seconds: f
         torch.get_num_threads(),
         torch.get_num_interop_threads(),
     )
+    for line in report.lines():
+        log.info("%s", line)
     log.info(
         "decoder built in %.2f s: %s, %d layers, %d tensors",
         seconds,

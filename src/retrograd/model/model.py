@@ -1,7 +1,8 @@
 """`retrograd.load`: a GGUF model with its tokenizer, ready for notebooks, tests and commands.
 
 The `Model` owns the file, the decoder and the tokenizer, and offers the small public API
-(tokenize, detokenize, logits, log-probabilities). Training loops reach into `model.decoder`.
+(tokenize, detokenize, logits, log-probabilities). Training loops reach into `model.decoder`;
+`model.report` is what loading decided from the compute plan (retrograd/compute.py).
 """
 
 from __future__ import annotations
@@ -10,20 +11,17 @@ from pathlib import Path
 
 import torch
 
+from retrograd import environ
+from retrograd.compute import ComputePlan, Resolved
 from retrograd.gguf import GGUFFile
 from retrograd.model.config import ModelConfig
 from retrograd.model.decoder import Decoder
-from retrograd.model.device import (
-    configure_allocator,
-    configure_threads,
-    parse_dtype,
-    resolve_device,
-)
-from retrograd.model.loader import LoadReport, build_decoder
+from retrograd.model.device import apply_threads, configure_allocator, parse_dtype, resolve_device
+from retrograd.model.loader import build_decoder
 
 
 class Model:
-    def __init__(self, gguf: GGUFFile, decoder: Decoder, report: LoadReport):
+    def __init__(self, gguf: GGUFFile, decoder: Decoder, report: Resolved):
         self.gguf = gguf
         self.decoder = decoder
         self.report = report
@@ -89,18 +87,25 @@ def load(
     adapter: str | Path | None = None,
     threads: int | None = None,
     cache: str = "auto",
+    plan: ComputePlan | None = None,
 ) -> Model:
     """Open a GGUF model.
 
     device: auto, cpu or gpu. dtype: torch.float32 (exactness), torch.bfloat16 (speed), or
     None for the fast one the device has. adapter: a llama.cpp LoRA GGUF applied on top.
-    cache: auto, on or off for the dequantized-weight cache.
+    cache: auto, on or off for the dequantized-weight cache. plan: the compute plan a command
+    built (retrograd/compute.py); by default one is built here from these arguments and the
+    environment, whose variables win over them (RETRO_THREADS, RETRO_DEQUANT_CACHE).
     """
-    configure_threads(threads)
+    if plan is None:
+        plan = ComputePlan.of(
+            environ.read(), device=device, dtype=dtype, threads=threads, cache=cache
+        )
+    apply_threads(plan.threads.intra)
     configure_allocator()
-    dev = resolve_device(device)
+    dev = resolve_device(plan.device)
     g = GGUFFile(path)
-    decoder, report = build_decoder(g, dev, parse_dtype(dtype, dev), cache)
+    decoder, report = build_decoder(g, dev, parse_dtype(plan.dtype, dev), plan=plan)
     model = Model(g, decoder, report)
     if adapter is not None:
         from retrograd.trainable.lora import apply_adapter_file

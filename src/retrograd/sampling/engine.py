@@ -15,7 +15,8 @@ keys and values from the cache; decoding is not cut (one token a row a pass).
 
 `fast = True` (fast_sampling_context): the fused attention kernel and a KV cache of `kv_dtype`
 ([training].kv_dtype): "f16", 16 bits (the compute dtype when it is 16-bit, else float16), or
-"f32". `fast = False`: a float32 cache and the plain attention path training uses. Environment:
+"f32". `fast = False`: a float32 cache and the plain attention path training uses. The compute
+plan's sampling switches (retrograd/compute.py `SamplingPlan`, from the environment):
 RETRO_DEVICE_SAMPLING=0 samples on the host, RETRO_DEVICE_LOGPROBS=0 computes log-probs on
 the host in float64, RETRO_FAST_TOP_P=0 sorts the whole vocabulary for every nucleus row (the
 same tokens, slower: the top candidates are searched first by default, select.py).
@@ -32,9 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from retrograd import environ
-from retrograd.model.attention import fast_decode
-from retrograd.model.frozen import packed_weights
+from retrograd import compute, environ
+from retrograd.compute import SamplingPlan
 from retrograd.model.kv_cache import KVCache
 from retrograd.sampling.batch import LiveBatch
 from retrograd.sampling.constrain import Constraint, TokenTable, restrict
@@ -71,6 +71,14 @@ def run_settings(training) -> dict:
     return {"fast": training.fast_sampling_context, "kv_dtype": training.kv_dtype}
 
 
+def sampling_plan(decoder) -> SamplingPlan:
+    """The sampling switches `decoder` was loaded by, else the environment's."""
+    plan = getattr(decoder, "plan", None)
+    if plan is None:
+        plan = compute.ComputePlan.of(environ.read())
+    return plan.sampling
+
+
 class Sampler:
     def __init__(
         self,
@@ -83,10 +91,13 @@ class Sampler:
         fast_top_p: bool | None = None,
         generation_batch: int = PREFILL_CHUNK,
         kv_dtype: str = "f16",
+        plan: SamplingPlan | None = None,
     ):
         """max_len: the context (prompt plus answer) an answer may fill; None = no limit.
         generation_batch: prompt positions per prefill pass (at least 1). kv_dtype: the fast
-        context's cache, "f16" or "f32" (`cache_dtype`)."""
+        context's cache, "f16" or "f32" (`cache_dtype`). plan: the compute plan's sampling
+        switches (by default the ones the decoder was loaded by); device_sampling,
+        device_logprobs and fast_top_p override it."""
         if generation_batch < 1:
             raise ValueError(f"generation_batch = {generation_batch}: must be at least 1")
         if kv_dtype not in KV_DTYPES:
@@ -97,13 +108,16 @@ class Sampler:
         self.tokenizer = tokenizer
         self.fast = fast
         self.max_len = max_len
+        self.plan = plan or sampling_plan(decoder)
         self.device_sampling = (
-            environ.get("RETRO_DEVICE_SAMPLING") if device_sampling is None else device_sampling
+            self.plan.device_sampling if device_sampling is None else device_sampling
         )
         self.device_logprobs = (
-            environ.get("RETRO_DEVICE_LOGPROBS") if device_logprobs is None else device_logprobs
+            self.plan.device_logprobs if device_logprobs is None else device_logprobs
         )
-        self.fast_top_p = environ.get("RETRO_FAST_TOP_P") if fast_top_p is None else fast_top_p
+        self.fast_top_p = (
+            self.plan.top_p == "candidates_first" if fast_top_p is None else fast_top_p
+        )
         self._table: TokenTable | None = None  # the vocabulary's pieces, once a grammar asks
 
     @property
@@ -118,17 +132,14 @@ class Sampler:
         return cache_dtype(self.decoder.compute_dtype, self.fast, self.cache_kind)
 
     def context(self) -> contextlib.ExitStack:
-        """Where generation runs: the attention of this precision, packed weights."""
+        """Where generation runs: the compute plan's overlay for this precision (fused
+        one-token attention in the fast context; packed weights, `SamplingPlan.forward`)."""
         stack = contextlib.ExitStack()
-        if self.fast:
-            stack.enter_context(fast_decode())  # fused one-token attention (and SDPA's kernels)
-        else:
+        if not self.fast:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        # float32 weights are packed only for fast sampling: oneDNN's f32 kernel rounds unlike
-        # the plain product, and exact sampling must compute what training computes
-        stack.enter_context(packed_weights(float32=self.fast))
+        stack.enter_context(compute.using(self.plan.forward(self.fast, compute.current())))
         return stack
 
     @torch.no_grad()

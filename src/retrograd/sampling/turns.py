@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from retrograd import environ
 from retrograd.model.kv_cache import KVCache, select_states
 from retrograd.sampling.engine import GREEDY_BELOW
 from retrograd.sampling.params import Completion
@@ -54,15 +53,11 @@ class Thread:
         self.kv, self.n_kv = None, 0
 
 
-def prefix_cache_enabled() -> bool:
-    return environ.get("RETRO_GENERATION_PREFIX_CACHE")
-
-
 class TurnDecoder:
     def __init__(self, sampler, keep_kv: bool | None = None):
         self.sampler = sampler
         self.decoder = sampler.decoder
-        self.keep_kv = prefix_cache_enabled() if keep_kv is None else keep_kv
+        self.keep_kv = sampler.plan.prefix_cache if keep_kv is None else keep_kv
         self.keep_kv = self.keep_kv and not self.decoder.cfg.recurrent
         self.states: dict = {}  # recurrent layers: the decode rows' states, in buffer order
         self.prefilled = 0  # positions computed by prefills

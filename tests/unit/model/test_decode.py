@@ -7,13 +7,13 @@ import torch
 
 import retrograd
 import retrograd.model.decode as decode
+from retrograd import compute
 from retrograd.model import frozen
-from retrograd.model.attention import fast_decode
-from retrograd.model.frozen import packed_weights
 from retrograd.model.kv_cache import KVCache
 from tests.factories.adapters import write_adapter
 
 B, PROMPT, STEPS = 3, 7, 5  # decoding past the tiny gemma3's sliding window of 8
+FAST = compute.SamplingPlan().forward(True, compute.ForwardPlan())  # the fast context's overlay
 # The graph reads oneDNN-packed bf16 weights, which oneDNN makes only on CPUs with bf16
 # instructions; elsewhere the decoder runs layer by layer (the last test here checks that).
 needs_packing = pytest.mark.skipif(
@@ -31,7 +31,7 @@ def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor]
     positions = (slots[None, :] - pad[:, None]).clamp_min(0)
     cache = KVCache.empty(dec.cfg, B, cap, torch.bfloat16, dec.device)
     out = []
-    with torch.no_grad(), fast_decode(), packed_weights():
+    with torch.no_grad(), compute.using(FAST):
         dec(ids[:, :PROMPT], 0, cache, key_mask[:, :PROMPT], positions[:, :PROMPT])
         for t in range(PROMPT, cap):
             h = dec(ids[:, t : t + 1], t, cache, key_mask[:, : t + 1], positions[:, t : t + 1])
@@ -97,20 +97,25 @@ def test_decode_graph_is_not_used_for_exact_sampling(tiny_model):
     ctx = type("Ctx", (), {})()
     ctx.cache = KVCache.empty(m.decoder.cfg, 1, 4, torch.bfloat16, m.decoder.device)
     ctx.start, ctx.fuse, ctx.dtype = 2, True, torch.bfloat16
-    with packed_weights():
-        assert not decode.applies(m.decoder, ctx, 1)  # no fast_decode: the exact context
-        with fast_decode():
-            assert decode.applies(m.decoder, ctx, 1)
-            assert not decode.applies(m.decoder, ctx, 2)  # a prefill
-            ctx.fuse = False  # float32 compute
-            assert not decode.applies(m.decoder, ctx, 1)
+    exact = compute.SamplingPlan().forward(False, compute.ForwardPlan())
+    with compute.using(exact):
+        ctx.plan = exact
+        assert not decode.applies(m.decoder, ctx, 1)  # the exact context
+    with compute.using(FAST):
+        ctx.plan = FAST
+        assert decode.applies(m.decoder, ctx, 1)
+        assert not decode.applies(m.decoder, ctx, 2)  # a prefill
+        ctx.plan = compute.ForwardPlan(compile=False, fast_decode=True, packed=FAST.packed)
+        assert not decode.applies(m.decoder, ctx, 1)  # RETRO_COMPILE=0
+        ctx.plan, ctx.fuse = FAST, False  # float32 compute
+        assert not decode.applies(m.decoder, ctx, 1)
 
 
 def test_a_full_cache_is_refused_as_the_layer_by_layer_path_refuses_it(tiny_model):
     m = retrograd.load(tiny_model("llama3"), device="cpu", dtype=torch.bfloat16)
     cache = KVCache.empty(m.decoder.cfg, 1, 4, torch.bfloat16, m.decoder.device)
     ids = torch.tensor([[5, 6, 7, 8]])
-    with torch.no_grad(), fast_decode(), packed_weights():
+    with torch.no_grad(), compute.using(FAST):
         m.decoder(ids, 0, cache)
         with pytest.raises(ValueError, match="KV cache holds 4 positions, 5 requested"):
             m.decoder(ids[:, :1], 4, cache)
@@ -134,3 +139,22 @@ def test_without_bf16_packing_bf16_decoding_runs_layer_by_layer(tiny_model, monk
         plain, _ = _decode(m, ids, pad)
     for a, b in zip(packed, plain, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_packing
+@pytest.mark.parametrize("name", ["gemma3", "llama3", "phi3", "qwen2"])
+def test_the_decode_graph_has_no_graph_break(tiny_model, monkeypatch, name):
+    """A graph break would split a layer's step into pieces with Python between them: the
+    dispatch cost the graph exists to save."""
+    m = retrograd.load(tiny_model(name), device="cpu", dtype=torch.bfloat16)
+    seen = []
+    layer = decode._layer
+    monkeypatch.setattr(decode, "_layer", lambda *a: seen.append(a) or layer(*a))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
+    _decode(m, ids, torch.tensor([0, 2, 4]))
+    assert seen, "no decode step took the graph"
+    torch._dynamo.reset()  # explain traces afresh
+    explained = torch._dynamo.explain(layer.eager)(*seen[-1])
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1

@@ -65,6 +65,59 @@ def test_dense_cache_on_and_off_give_identical_logits(tiny_model):
     assert torch.equal(on.logits(IDS), off.logits(IDS))
 
 
+def test_dense_cache_on_and_off_give_identical_gradients(tiny_model):
+    """One training step's loss and LoRA gradients, bit for bit in float32: the cache holds
+    the dequantized copies that every product would make again without it."""
+    path = tiny_model("gemma3", "MOSTLY_Q4_K_M")
+    ids = torch.tensor([IDS])
+
+    def step(cache: str):
+        m = load(path, cache=cache)
+        assert m.report.cache == (cache == "on")
+        loras = attach_lora(m.decoder, ["q", "k", "v", "o", "ffn_up", "ffn_down"], 4, 8.0, seed=3)
+        params = [p for lora in loras.values() for p in (lora.lora_a, lora.lora_b)]
+        with torch.no_grad():
+            for lora in loras.values():
+                lora.lora_b.normal_(0, 0.05, generator=torch.Generator().manual_seed(5))
+        logits = m.decoder.head(m.decoder(ids))[0, :-1]
+        loss = F.cross_entropy(logits, ids[0, 1:])
+        return loss, torch.autograd.grad(loss, params)
+
+    (on_loss, on_grads), (off_loss, off_grads) = step("on"), step("off")
+    assert torch.equal(on_loss, off_loss)
+    assert all(torch.equal(a, b) for a, b in zip(on_grads, off_grads, strict=True))
+
+
+def test_packed_group_products_equal_one_product_each(tiny_model):
+    """q, k and v as one product over their weights packed by rows (the sampler's overlay)
+    against a plain product per weight: bf16 bit for bit where oneDNN packs bf16; float32
+    (packed in the fast context only) within float32 rounding."""
+    from retrograd import compute
+    from retrograd.model import frozen
+
+    m = load(tiny_model("llama3", "MOSTLY_Q4_K_M"))
+    blk = m.decoder.blk[0]
+    weights = [blk.attn_q.frozen, blk.attn_k.frozen, blk.attn_v.frozen]
+    x = torch.randn(5, weights[0].shape[1], generator=torch.Generator().manual_seed(2))
+    dtypes = [torch.float32] + ([torch.bfloat16] if frozen._onednn(torch.bfloat16) else [])
+    fast = compute.SamplingPlan().forward(True, compute.ForwardPlan())
+    for dtype in dtypes:
+        xd = x.to(dtype)
+        cache = weights[0].cache
+        with torch.no_grad():
+            plain = [frozen.frozen_linear(xd, w) for w in weights]
+            held = cache.n_bytes
+            with compute.using(fast):
+                packed = frozen.frozen_linear_group(xd, weights)
+        rows = sum(w.shape[0] for w in weights)
+        assert cache.n_bytes >= held + rows * x.shape[1] * xd.element_size()  # one packed copy
+        for a, b in zip(packed, plain, strict=True):
+            if dtype == torch.bfloat16:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_path_stays_close_to_f32(tiny_model):
     path = tiny_model("llama3", "MOSTLY_Q8_0")
     f32 = load(path).logits(IDS)
@@ -108,19 +161,21 @@ def test_frozen_linear_gradient_equals_dense_autograd(tiny_model):
 
 
 def test_packed_float32_products_only_for_fast_sampling(tiny_model):
-    """packed_weights(float32=True): oneDNN's f32 kernel, close to the plain product; without
-    float32=True (exact sampling) the plain product itself."""
-    from retrograd.model.frozen import frozen_linear, packed_weights
+    """The fast sampling context's overlay packs float32 weights: oneDNN's f32 kernel, close
+    to the plain product; the exact context's leaves float32 products plain."""
+    from retrograd import compute
+    from retrograd.model.frozen import frozen_linear
 
     m = load(tiny_model("llama", "MOSTLY_Q4_K_M"))
     weight = m.decoder.output.frozen  # 512 x 256, Q-typed
     assert weight.cache.enabled
     x = torch.randn(8, weight.shape[1])
+    sampling, base = compute.SamplingPlan(), compute.ForwardPlan()
     with torch.no_grad():
         plain = frozen_linear(x, weight)
-        with packed_weights():
+        with compute.using(sampling.forward(False, base)):
             assert torch.equal(frozen_linear(x, weight), plain)
-        with packed_weights(float32=True):
+        with compute.using(sampling.forward(True, base)):
             packed = frozen_linear(x, weight)
             one = frozen_linear(x[:1], weight)
         assert weight.cache.peek_packed(weight, torch.float32) is not None
@@ -186,11 +241,9 @@ def test_retro_dtype_overrides_the_fast_dtype(tiny_model, monkeypatch):
 @pytest.mark.parametrize(
     "name", ["gemma3", "llama3", "phi3", "granite", "olmo2", "smollm3", "mistral3", "llama-qkv"]
 )
-def test_fused_bf16_block_equals_unfused(tiny_model, monkeypatch, name):
+def test_fused_bf16_block_equals_unfused(tiny_model, compute_plan, name):
     """The bf16 path's fused norms, rope and activation (compiled or eager) give the plain
     operations' loss and LoRA gradients, up to bf16 rounding."""
-    import retrograd.model.decoder as decoder_module
-
     m = load(tiny_model(name), dtype=torch.bfloat16)
     targets = ["qkv"] if name in ("phi3", "llama-qkv") else ["q", "k", "v"]
     loras = attach_lora(m.decoder, [*targets, "o", "ffn_up", "ffn_down"], 4, 8.0, seed=3)
@@ -200,23 +253,15 @@ def test_fused_bf16_block_equals_unfused(tiny_model, monkeypatch, name):
     params = [p for lora in loras.values() for p in (lora.lora_a, lora.lora_b)]
     ids = torch.tensor([IDS])
 
-    def run(fuse: bool, compiled: str):
-        monkeypatch.setenv("RETRO_COMPILE", compiled)
-        init = decoder_module.ForwardContext.__init__
-
-        def patched(self, *a, **k):
-            init(self, *a, **k)
-            self.fuse = fuse
-
-        monkeypatch.setattr(decoder_module.ForwardContext, "__init__", patched)
-        logits = m.decoder.head(m.decoder(ids))[0, :-1]
-        loss = F.cross_entropy(logits, ids[0, 1:])
-        grads = torch.autograd.grad(loss, params)
-        monkeypatch.setattr(decoder_module.ForwardContext, "__init__", init)
+    def run(fuse: bool, compiled: bool):
+        with compute_plan(fuse=fuse, compile=compiled):
+            logits = m.decoder.head(m.decoder(ids))[0, :-1]
+            loss = F.cross_entropy(logits, ids[0, 1:])
+            grads = torch.autograd.grad(loss, params)
         return loss, grads
 
-    plain_loss, plain_grads = run(False, "0")
-    for compiled in ("1", "0"):
+    plain_loss, plain_grads = run(False, False)
+    for compiled in (True, False):
         loss, grads = run(True, compiled)
         assert abs(loss.item() - plain_loss.item()) < 0.02 * abs(plain_loss.item())
         for a, b in zip(grads, plain_grads, strict=True):

@@ -118,17 +118,26 @@ def test_host_and_device_sampling_agree_in_the_engine(models):
         )
 
 
-def test_environment_switches(models, monkeypatch):
-    m = models("llama")
+def test_environment_switches(models, tiny_model, monkeypatch):
+    """The sampler's switches come from the compute plan its model was loaded by, which reads
+    the environment; an explicit plan or keyword wins."""
+    import retrograd
+    from retrograd import compute, environ
+
     monkeypatch.setenv("RETRO_DEVICE_SAMPLING", "0")
-    monkeypatch.setenv("RETRO_DEVICE_LOGPROBS", "0")
-    monkeypatch.setenv("RETRO_FAST_TOP_P", "0")
+    monkeypatch.setenv("RETRO_DEVICE_LOGPROBS", "false")
+    monkeypatch.setenv("RETRO_FAST_TOP_P", "off")
+    m = retrograd.load(tiny_model("llama"))
     s = Sampler(m.decoder, m.tokenizer)
     assert (s.device_sampling, s.device_logprobs, s.fast_top_p) == (False, False, False)
+    assert "host sampling (RETRO_DEVICE_SAMPLING=0)" in m.report.lines()[1]
     monkeypatch.delenv("RETRO_DEVICE_SAMPLING")
     monkeypatch.delenv("RETRO_FAST_TOP_P")
-    s = Sampler(m.decoder, m.tokenizer)
+    s = Sampler(m.decoder, m.tokenizer, plan=compute.ComputePlan.of(environ.read()).sampling)
     assert s.device_sampling and s.fast_top_p  # the top candidates first, by default
+    assert not s.device_logprobs
+    s = Sampler(models("llama").decoder, m.tokenizer, device_logprobs=True)
+    assert s.device_logprobs
 
 
 def test_the_top_candidates_answer_what_the_full_sort_answers(models, monkeypatch):
