@@ -27,13 +27,13 @@ USABLE = (None, "zero_signal")  # scored and kept, though a group without signal
 
 
 def score_groups(
-    cfg, world, rolled: list[list[AgentSample]], update: int, first: int = 0
+    cfg, arena, rolled: list[list[AgentSample]], update: int, first: int = 0
 ) -> dict[str, float]:
     """Final rewards: the environment's when it grades the group (verify or any step reward),
     else the judge's verdict; a group is scored by one or the other, never both. `first`: the
     update's index of the first group here (a rank's block)."""
     a = cfg.agent
-    env = world.environment
+    env = arena.environment
     stats = {"judged": 0, "dropped": 0, "degenerate": 0, "scores": []}
     judged, jobs = [], []  # groups sent to the judge, all at once
     for g, group in enumerate(rolled):
@@ -42,7 +42,7 @@ def score_groups(
         by_env = (env is not None and env.grades(scenario)) or any(
             s.traj.step_rewards for s in live
         )
-        if by_env or world.judge is None:
+        if by_env or arena.judge is None:
             for s in live:
                 if s.traj.final_reward is None:
                     s.traj.final_reward = 0.0  # graded by step rewards alone, or no verify
@@ -51,7 +51,7 @@ def score_groups(
         judged.append((g, group, live))
         jobs.append((candidates, group_id(update, first + g), _rubric(scenario)))
     stats["judged"] = len(jobs)
-    verdicts_of = world.judge.score_groups(jobs) if jobs else []
+    verdicts_of = arena.judge.score_groups(jobs) if jobs else []
     for (g, group, live), verdicts in zip(judged, verdicts_of, strict=True):
         if isinstance(verdicts, JudgeError):
             if a.judge_failure == "fail":
@@ -71,12 +71,12 @@ def score_groups(
             stats["degenerate"] += 1
             for s in group:
                 s.degenerate = True  # type: ignore[attr-defined]
-    if world.judge is None:
+    if arena.judge is None:
         return {}
     judged = max(1, stats["judged"])
     scores = np.array(stats["scores"], dtype=np.float64)
     return {  # the judge's own counts (requests, latency, budgets), then the loop's
-        **world.judge.stats(),
+        **arena.judge.stats(),
         names.JUDGE_DROPPED_FRACTION: stats["dropped"] / judged,
         names.JUDGE_DEGENERATE_FRACTION: stats["degenerate"] / judged,
         names.JUDGE_SCORE_MEAN: float(scores.mean()) if scores.size else 0.0,

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrograd.agent.arena import Arena
 from retrograd.agent.rollout import AgentRoller, AgentSample, Limits
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.scores import (
@@ -48,7 +49,6 @@ from retrograd.agent.scores import (
     score_groups,
 )
 from retrograd.agent.trajectory import Trajectory
-from retrograd.agent.world import World
 from retrograd.algorithms import context, outputs, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
 from retrograd.algorithms.step import checked_step
@@ -156,15 +156,15 @@ def run_agent_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> AgentResul
     scenario_file = read_scenarios(a.scenarios)
     _check_manifest(scenario_file.path)
     held_file = read_scenarios(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None
-    world = World(cfg, run_dir)
+    arena = Arena(cfg, run_dir)
     try:
-        world.check(scenario_file, held_file)
-        return _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, started)
+        arena.check(scenario_file, held_file)
+        return _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, started)
     finally:
-        world.close()
+        arena.close()
 
 
-def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, started):
+def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, started):
     a, training = cfg.agent, cfg.training
     model = context.load_model(cfg)
     context.preflight_check(model, training, getattr(sinks, "console", None))
@@ -187,8 +187,8 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
         backend,
         chat,
         limits,
-        environment=world.environment,
-        mcp=world.mcp,
+        environment=arena.environment,
+        mcp=arena.mcp,
         system_suffix=a.system_suffix,
         generator_name=Path(cfg.model.path).name,
     )
@@ -197,7 +197,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
         "agent": a.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "fast_sampling_context": training.fast_sampling_context,
         "reference": context.reference_id(cfg),
-        "world": world.signature(),
+        "world": arena.signature(),
     }
     fingerprints = {
         "scenarios": scenario_file.fingerprint,
@@ -237,7 +237,7 @@ def _train(cfg, world, scenario_file, held_file, resume, sinks, run_file, starte
             batch = stream.draw(pos.cursor, a.scenarios_per_update)
             cursor = pos.cursor + len(batch)
             groups, samples, values = _roll_andscore_groups(
-                cfg, roller, world, batch, update, ranks
+                cfg, roller, arena, batch, update, ranks
             )
             lo, hi = spread.block(len(groups), ranks)  # this rank's groups
             values.update(drop_and_advantage(cfg, groups, update))
@@ -376,7 +376,7 @@ def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]
     return out
 
 
-def _roll_andscore_groups(cfg, roller, world, batch, update, ranks):
+def _roll_andscore_groups(cfg, roller, arena, batch, update, ranks):
     """The update's groups and trajectories and their metrics: each rank rolls out and scores
     a block of the scenarios; every rank gets all the groups (the trajectories ride in their
     records). Timings, the judge's counters and the environment's metrics are this rank's."""
@@ -392,7 +392,7 @@ def _roll_andscore_groups(cfg, roller, world, batch, update, ranks):
         wanted = [(s, _seeds(cfg, update, c, a.group_size)) for c, s in part]
         rolled = roll_waves(cfg, roller, wanted) if wanted else []
         t1 = time.perf_counter()
-        judged.update(score_groups(cfg, world, rolled, update, first=lo))
+        judged.update(score_groups(cfg, arena, rolled, update, first=lo))
         judge_seconds = time.perf_counter() - t1
         return [group_records(samples, update, lo + g) for g, samples in enumerate(rolled)]
 
@@ -413,7 +413,7 @@ def _roll_andscore_groups(cfg, roller, world, batch, update, ranks):
         }
     )
     values.update(judged)
-    env = world.environment
+    env = arena.environment
     if env is not None:
         values.update(env.metrics())
     return groups, samples, values
@@ -535,9 +535,9 @@ def collect_groups(
         scenarios = scenarios.scenarios
     scenarios = list(scenarios)[:limit] if limit else list(scenarios)
     run_dir = Path(run_dir or Path(a.scenarios).parent)
-    world = World(cfg, run_dir)
+    arena = Arena(cfg, run_dir)
     try:
-        env = world.environment
+        env = arena.environment
         if env is not None:
             env.check_scenarios(scenarios)
         model = load(model_path, device=cfg.model.device, threads=cfg.training.threads)
@@ -549,20 +549,20 @@ def collect_groups(
             sampler,
             chat,
             Limits.of(a, cfg.training.ctx),
-            environment=world.environment,
-            mcp=world.mcp,
+            environment=arena.environment,
+            mcp=arena.mcp,
             system_suffix=a.system_suffix,
             generator_name=Path(model_path).name,
         )
         try:
             wanted = [(s, [seed + i * k + j for j in range(k)]) for i, s in enumerate(scenarios)]
             rolled = roll_waves(cfg, roller, wanted)
-            score_groups(cfg, world, rolled, 0)
+            score_groups(cfg, arena, rolled, 0)
         finally:
             roller.close()
         return [[s.traj for s in group] for group in rolled]
     finally:
-        world.close()
+        arena.close()
 
 
 def _first_last(values: list[float]) -> str:

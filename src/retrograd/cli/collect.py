@@ -171,9 +171,9 @@ def _require_verified(flag: bool | None, scenarios) -> bool:
 
 
 def build_environment(cfg, run_dir: Path, scenarios):
-    """[agent.environment] made live (agent/world.py, as training opens it); a sandbox
+    """[agent.environment] made live (agent/arena.py, as training opens it); a sandbox
     environment checks the scenarios' toolsets before the first rollout."""
-    from retrograd.agent.world import open_environment
+    from retrograd.agent.arena import open_environment
 
     environment = open_environment(cfg.agent.environment, run_dir)
     try:

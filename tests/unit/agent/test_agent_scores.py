@@ -68,8 +68,8 @@ def test_a_ruler_judge_scores_agentic_groups(tmp_path, monkeypatch):
             "api_key_env": "AGENT_JUDGE_KEY",
         }
         judge = open_judge(RulerSection.model_validate(raw), "[agent.judge]", tmp_path)
-        world = SimpleNamespace(environment=None, judge=judge)
-        metrics = score_groups(cfg, world, rolled, update=3)
+        arena = SimpleNamespace(environment=None, judge=judge)
+        metrics = score_groups(cfg, arena, rolled, update=3)
     assert [s.traj.final_reward for s in rolled[0]] == [0.2, 0.9, 0.5, 0.7]
     first, second = sorted(  # the graded group's request first
         api.requests, key=lambda b: not b["messages"][0]["content"].startswith("Tests pass?")

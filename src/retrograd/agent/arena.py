@@ -1,6 +1,7 @@
-"""The world an agentic run acts in: its environment, MCP hub and judge, opened from [agent]
+"""The arena an agentic run acts in: its environment, MCP hub and judge, opened from [agent]
 before the model loads and closed whatever happens. Training (algorithms/agent_grpo.py) and
-`retrograd collect` both open it here; nothing here imports torch.
+`retrograd collect` both open it here; nothing here imports torch. (A distributed run's
+ranks are its `distributed.World`, another thing.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from retrograd.rewards.judge import open_judge
 log = logging.getLogger(__name__)
 
 
-class World:
+class Arena:
     """The run's environment, MCP hub and judge, opened before the model loads."""
 
     def __init__(self, cfg, run_dir: Path):
