@@ -201,7 +201,7 @@ def environment(device: str) -> dict:
         "cuda_available": cuda,
         "cuda_version": torch.version.cuda,
         "gpus": torch.cuda.device_count() if cuda else 0,
-        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_name": gpu_name() if cuda else None,
     }
     try:
         import llama_cpp
@@ -212,6 +212,22 @@ def environment(device: str) -> dict:
         env["llama_cpp_missing"] = str(e)
     env["device"] = "cuda" if device == "auto" and cuda else ("cpu" if device == "auto" else device)
     return env
+
+
+def gpu_name() -> str:
+    """The first GPU's name from nvidia-smi: torch.cuda.get_device_name would open a CUDA
+    context in the driver that every part's process would then run beside."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        names = done.stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    return names[0].strip() if names else "a CUDA device"
 
 
 def resolve_model(choice: str, work: Path) -> tuple[str, str, str]:
@@ -269,6 +285,9 @@ def run_part(part: Part, setting: Setting, budget: float, env: dict) -> Verdict:
         except subprocess.TimeoutExpired:
             rc = None
             _kill_session(proc)
+        except BaseException:  # an interrupted driver leaves no part running on
+            _kill_session(proc)
+            raise
     seconds = time.monotonic() - t0
     tail = log.read_text(errors="replace")[-LOG_TAIL:]
     if rc is None:
@@ -312,7 +331,8 @@ def check(parts: list[Part], setting: Setting, clock: Clock, scale: float, child
         else:
             budget = min(part.budget_s * scale, clock.left())
             v = run_part(part, setting, budget, child_env)
-            if v.status == FAIL and v.reason.startswith("timeout") and budget < part.budget_s:
+            clipped = budget < part.budget_s * scale
+            if v.status == FAIL and v.reason.startswith("timeout") and clipped:
                 v.reason += " (clipped by the global deadline)"
         print(v.line(), flush=True)
         verdicts.append(v)
