@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from retrograd import nesting
 from retrograd.agent.endpoint import ChatEndpoint
+from retrograd.agent.limits import Limits
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
 from retrograd.agent.types import (
@@ -42,29 +42,6 @@ from retrograd.tokenizer.toolcalls import argument_problem
 
 NO_CALL = "the turn called no tool; call one of the tools to go on"
 SKIPPED = "not run: the trajectory ended at an earlier call of this turn"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The [agent] keys an API rollout honours."""
-
-    max_turns: int = 6
-    max_failed_turns: int = 0  # 0: never cut
-    end_on_no_tool_call: bool = True
-    max_rollout_secs: float = 300.0  # 0: off
-    system_suffix: str = ""
-    temperature: float | None = None
-
-    @classmethod
-    def from_config(cls, agent, temperature: float | None = None) -> Limits:
-        return cls(
-            agent.max_turns,
-            agent.max_failed_turns,
-            agent.end_on_no_tool_call,
-            agent.max_rollout_secs,
-            agent.system_suffix,
-            temperature,
-        )
 
 
 def api_groups(

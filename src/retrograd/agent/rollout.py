@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from retrograd.agent.limits import Limits
 from retrograd.agent.scenarios import Scenario
 from retrograd.agent.trajectory import Trajectory, Turn
 from retrograd.agent.types import Episode, Observation, quoted
@@ -56,32 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 NOT_RUN = "not run: the episode ended with an earlier call"
 NO_CALL = "the turn has no tool call; call one of the tools, or answer without calls to finish"
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_turns: int = 6
-    max_new_tokens_per_turn: int = 512
-    max_trajectory_tokens: int = 4096
-    max_rollout_secs: float = 300.0  # 0: no deadline
-    end_on_no_tool_call: bool = True
-    max_failed_turns: int = 0  # 0: never cut
-
-    @classmethod
-    def of(cls, agent, ctx: int) -> Limits:
-        return cls(
-            agent.max_turns,
-            agent.max_new_tokens_per_turn,
-            min(agent.max_trajectory_tokens or ctx, ctx),
-            agent.max_rollout_secs,
-            agent.end_on_no_tool_call,
-            agent.max_failed_turns,
-        )
-
-    @property
-    def loss_budget(self) -> int:
-        """The constant the loss divides a trajectory's token sum by (formats.md §4.4)."""
-        return min(self.max_turns * self.max_new_tokens_per_turn, self.max_trajectory_tokens)
 
 
 @dataclass
@@ -141,7 +116,6 @@ class AgentRoller:
         *,
         environment=None,
         mcp=None,
-        system_suffix: str = "",
         temperature: float = 1.0,
         top_p: float = 1.0,
         keep_kv: bool | None = None,
@@ -155,7 +129,6 @@ class AgentRoller:
         self.backend, self.chat, self.limits = backend, chat, limits
         self.tokenizer = backend.tokenizer
         self.environment, self.mcp = environment, mcp
-        self.system_suffix = system_suffix
         self.temperature, self.top_p = temperature, top_p
         self.decoder = backend.turns(keep_kv)
         self.generator_name = generator_name
@@ -207,7 +180,7 @@ class AgentRoller:
     # -- the steps ---------------------------------------------------------------------------
 
     def _open(self, scenario: Scenario, member: int, seed: int) -> _Member:
-        opening = scenario.opening(self.system_suffix)
+        opening = scenario.opening(self.limits.system_suffix)
         traj = Trajectory(scenario, member, seed, [], [dict(m) for m in opening])
         traj.generator = self.generator_name
         started = time.perf_counter()

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from retrograd.agent.arena import Arena
-from retrograd.agent.rollout import AgentRoller, AgentSample, Limits
+from retrograd.agent.limits import Limits
+from retrograd.agent.rollout import AgentRoller, AgentSample
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
 from retrograd.agent.scores import (
     USABLE,
@@ -189,7 +190,6 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
         limits,
         environment=arena.environment,
         mcp=arena.mcp,
-        system_suffix=a.system_suffix,
         generator_name=Path(cfg.model.path).name,
     )
     stream = ScenarioStream(scenario_file.scenarios, a.seed)
@@ -551,7 +551,6 @@ def collect_groups(
             Limits.of(a, cfg.training.ctx),
             environment=arena.environment,
             mcp=arena.mcp,
-            system_suffix=a.system_suffix,
             generator_name=Path(model_path).name,
         )
         try:

@@ -185,8 +185,9 @@ def build_environment(cfg, run_dir: Path, scenarios):
 
 
 def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path | None) -> int:
-    from retrograd.agent.api_rollout import Limits, api_groups
+    from retrograd.agent.api_rollout import api_groups
     from retrograd.agent.endpoint import ChatEndpoint, api_key
+    from retrograd.agent.limits import Limits
 
     api = cfg.agent.collect_api
     if api is None:
@@ -203,7 +204,7 @@ def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path |
             scenarios,
             k,
             seed,
-            Limits.from_config(cfg.agent, api.temperature),
+            Limits.of(cfg.agent, temperature=api.temperature),
         )
         return _write(groups, opts, None, out, report)
     finally:

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from retrograd.agent.rollout import AgentRoller, Limits
+from retrograd.agent.limits import Limits
+from retrograd.agent.rollout import AgentRoller
 from retrograd.agent.scenarios import parse_scenario
 from tests.factories.agents import EOS, CounterEnvironment, Scripted, call, tiny_chat_model
 
@@ -161,7 +162,8 @@ def test_no_call_continues_when_asked_and_deadline_cuts(model):
 def test_opening_observations_and_system_suffix(model):
     scripts = {1: ["hi"], 2: ["hello"]}
     env = CounterEnvironment(opening="the counter is at 0")
-    group, _ = roll(model, scripts, env, system_suffix=" Be brief.")
+    limits = Limits(max_turns=4, max_new_tokens_per_turn=64, system_suffix=" Be brief.")
+    group, _ = roll(model, scripts, env, limits)
     for s in group:
         assert s.traj.messages[:3] == [
             {"role": "system", "content": " Be brief."},

@@ -8,8 +8,9 @@ import json
 import openai
 import pytest
 
-from retrograd.agent.api_rollout import Limits, api_groups, rollout, wire_messages
+from retrograd.agent.api_rollout import api_groups, rollout, wire_messages
 from retrograd.agent.endpoint import ChatEndpoint, EndpointError, api_key
+from retrograd.agent.limits import Limits
 from retrograd.errors import ConfigError
 from tests.factories.scripted_openai import raw, reply, scripted_openai, status
 from tests.unit.agent.counter_env import CounterEnv, scenario
