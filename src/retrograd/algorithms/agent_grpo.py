@@ -39,16 +39,11 @@ import numpy as np
 import torch
 
 from retrograd.agent.arena import Arena
+from retrograd.agent.groups import held_rewards, roll_and_score, roll_waves
 from retrograd.agent.limits import Limits
-from retrograd.agent.rollout import AgentRoller, AgentSample
+from retrograd.agent.rollout import AgentRoller
 from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
-from retrograd.agent.scores import (
-    USABLE,
-    agent_metrics,
-    drop_and_advantage,
-    group_records,
-    score_groups,
-)
+from retrograd.agent.scores import USABLE, drop_and_advantage, score_groups
 from retrograd.agent.trajectory import Trajectory
 from retrograd.algorithms import context, outputs, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
@@ -63,12 +58,9 @@ from retrograd.rollout import spread
 from retrograd.rollout.backend import InProcessBackend
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
-from retrograd.rollout.sample import held_out
 from retrograd.sampling import Sampler
-from retrograd.seeds import SAMPLE, derive_seed
 
 log = logging.getLogger(__name__)
-EVALUATE = "evaluate"
 # [agent] keys that change no step: a resumed run may change them
 _NOT_TRAJECTORY = {
     "scenarios",
@@ -236,9 +228,7 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
             t0 = time.perf_counter()
             batch = stream.draw(pos.cursor, a.scenarios_per_update)
             cursor = pos.cursor + len(batch)
-            groups, samples, values = _roll_andscore_groups(
-                cfg, roller, arena, batch, update, ranks
-            )
+            groups, samples, values = roll_and_score(cfg, roller, arena, batch, update, ranks)
             lo, hi = spread.block(len(groups), ranks)  # this rank's groups
             values.update(drop_and_advantage(cfg, groups, update))
             trained = [r for grp in groups for r in grp.members if r.eligible]
@@ -347,10 +337,6 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
 # -- rollouts, scores and records --------------------------------------------------------------
 
 
-def _seeds(cfg, update: int, cursor: int, k: int) -> list[int]:
-    return [derive_seed(cfg.agent.seed, SAMPLE, update, cursor, j) for j in range(k)]
-
-
 def _sampler(cfg, model) -> Sampler:
     """The run's sampler, its prompts prefilled in passes of the generation batch, derived from
     the concurrency of an update's waves (every trajectory of it, up to 256) when not set."""
@@ -359,64 +345,6 @@ def _sampler(cfg, model) -> Sampler:
     return Sampler(
         model.decoder, model.tokenizer, **context.sampler_settings(model, t, concurrency)
     )
-
-
-def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]]):
-    """Groups rolled in waves of at most generation_concurrency trajectories (whole groups)."""
-    t = cfg.training
-    size = max(len(s) for _, s in wanted)
-    concurrency = t.generation_concurrency or min(len(wanted) * size, 256)
-    env = cfg.agent.environment
-    if env is not None and env.type == "container":  # a wave holds its containers throughout
-        concurrency = min(concurrency, env.pool.max_live)
-    per_wave = max(1, concurrency // size)
-    out: list[list[AgentSample]] = []
-    for w in range(0, len(wanted), per_wave):
-        out += roller.roll(wanted[w : w + per_wave])
-    return out
-
-
-def _roll_andscore_groups(cfg, roller, arena, batch, update, ranks):
-    """The update's groups and trajectories and their metrics: each rank rolls out and scores
-    a block of the scenarios; every rank gets all the groups (the trajectories ride in their
-    records). Timings, the judge's counters and the environment's metrics are this rank's."""
-    a = cfg.agent
-    t0 = time.perf_counter()
-    gen0, tool0 = roller.generation_seconds, roller.tool_seconds
-    pre0, reuse0 = roller.decoder.prefilled, roller.decoder.reused
-    judged: dict = {}
-    judge_seconds = 0.0
-
-    def roll(part, lo):
-        nonlocal judge_seconds
-        wanted = [(s, _seeds(cfg, update, c, a.group_size)) for c, s in part]
-        rolled = roll_waves(cfg, roller, wanted) if wanted else []
-        t1 = time.perf_counter()
-        judged.update(score_groups(cfg, arena, rolled, update, first=lo))
-        judge_seconds = time.perf_counter() - t1
-        return [group_records(samples, update, lo + g) for g, samples in enumerate(rolled)]
-
-    groups = spread.spread(batch, roll, ranks)
-    rollout_seconds = time.perf_counter() - t0 - judge_seconds
-    samples = [r.extra["sample"] for grp in groups for r in grp.members]
-    prefilled = roller.decoder.prefilled - pre0
-    reused = roller.decoder.reused - reuse0
-    values = agent_metrics(samples)
-    values.update(
-        {
-            names.ROLLOUT_SECONDS: rollout_seconds,
-            names.GENERATION_SECONDS: roller.generation_seconds - gen0,
-            names.TOOL_SECONDS: roller.tool_seconds - tool0,
-            names.JUDGE_SECONDS: judge_seconds,
-            names.GENERATION_PREFILLED_TOKENS: float(prefilled),
-            names.GENERATION_PREFILL_REUSE: reused / max(1, reused + prefilled),
-        }
-    )
-    values.update(judged)
-    env = arena.environment
-    if env is not None:
-        values.update(env.metrics())
-    return groups, samples, values
 
 
 # -- the update --------------------------------------------------------------------------------
@@ -496,21 +424,8 @@ def _evaluate(cfg, roller, held_file, pos, patience, result, sinks) -> bool:
     """Mean environment reward of one trajectory per held-out scenario, seeds fixed for the
     run (the same adapter scores the same); never the judge."""
     t0 = time.perf_counter()
-    rewards = _held_rewards(cfg, roller, held_file)
+    rewards = held_rewards(cfg, roller, held_file)
     return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)
-
-
-def _held_rewards(cfg, roller, held_file) -> list[float]:
-    """One trajectory per held-out scenario, seeds fixed for the run: their rewards, each
-    rank rolling out a block of the scenarios."""
-    scenarios = held_out(list(held_file.scenarios), cfg.evaluation.max_examples)
-
-    def roll(part, lo):
-        seeds = [derive_seed(cfg.agent.seed, EVALUATE, 0, lo + i) for i in range(len(part))]
-        wanted = [(s, [seed]) for s, seed in zip(part, seeds, strict=True)]
-        return [(s.traj.reward or 0.0) for [s] in roll_waves(cfg, roller, wanted)] if part else []
-
-    return spread.spread(scenarios, roll, spread.current_world())
 
 
 def _measure(cfg, roller, held_file) -> dict | None:
@@ -518,7 +433,7 @@ def _measure(cfg, roller, held_file) -> dict | None:
     client's question to a served run; patience is not told."""
     if held_file is None:
         return None
-    return reward_summary(_held_rewards(cfg, roller, held_file))
+    return reward_summary(held_rewards(cfg, roller, held_file))
 
 
 def collect_groups(
