@@ -42,14 +42,13 @@ from retrograd.agent.arena import Arena
 from retrograd.agent.groups import held_rewards, roll_and_score, roll_waves
 from retrograd.agent.limits import Limits
 from retrograd.agent.rollout import AgentRoller
-from retrograd.agent.scenarios import Scenario, ScenarioFile, read_scenarios
+from retrograd.agent.scenarios import ScenarioFile, read_scenarios
 from retrograd.agent.scores import USABLE, drop_and_advantage, score_groups
 from retrograd.agent.trajectory import Trajectory
 from retrograd.algorithms import context, outputs, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
-from retrograd.data.sft import permutation
 from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
@@ -58,6 +57,7 @@ from retrograd.rollout import spread
 from retrograd.rollout.backend import InProcessBackend
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
+from retrograd.rollout.sample import PromptStream
 from retrograd.sampling import Sampler
 
 log = logging.getLogger(__name__)
@@ -104,21 +104,6 @@ class AgentResult:
     best_eval: float | None = None
     skipped: int = 0  # updates with fewer than two usable trajectories (skip_empty_updates)
     no_signal: int = 0  # updates whose every group scored alike
-
-
-class ScenarioStream:
-    """Scenarios in the run's order: a fresh permutation per pass over the file."""
-
-    def __init__(self, scenarios: tuple[Scenario, ...], seed: int):
-        self.scenarios, self.seed = scenarios, seed
-
-    def at(self, cursor: int) -> Scenario:
-        n = len(self.scenarios)
-        cycle, j = divmod(cursor, n)
-        return self.scenarios[permutation(n, self.seed, cycle)[j]]
-
-    def draw(self, cursor: int, n: int) -> list[tuple[int, Scenario]]:
-        return [(cursor + i, self.at(cursor + i)) for i in range(n)]
 
 
 def total_steps(cfg) -> int:
@@ -184,7 +169,7 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
         mcp=arena.mcp,
         generator_name=Path(cfg.model.path).name,
     )
-    stream = ScenarioStream(scenario_file.scenarios, a.seed)
+    stream = PromptStream(scenario_file.scenarios, "shuffled", a.seed)  # a permutation a pass
     settings = {
         "agent": a.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
         "fast_sampling_context": training.fast_sampling_context,

@@ -8,6 +8,9 @@ the seed derive_seed(sampling.seed, "sample", u, c, j), so a resumed run samples
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
 import numpy as np
 
 from retrograd.data.prompts import Prompt
@@ -16,19 +19,22 @@ from retrograd.rollout.records import Group, Rollout
 from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
 from retrograd.seeds import SAMPLE, derive_seed
 
+T = TypeVar("T")
 
-class PromptStream:
-    """Prompts in the run's order: sequential, or a fresh permutation per pass (shuffled)."""
 
-    def __init__(self, prompts: list[Prompt], order: str, seed: int):
+class PromptStream(Generic[T]):
+    """Prompts (agentic GRPO: scenarios) in the run's order: sequential, or a fresh
+    permutation per pass (shuffled)."""
+
+    def __init__(self, prompts: Sequence[T], order: str, seed: int):
         self.prompts, self.shuffled, self.seed = prompts, order == "shuffled", seed
 
-    def at(self, cursor: int) -> Prompt:
+    def at(self, cursor: int) -> T:
         n = len(self.prompts)
         cycle, j = divmod(cursor, n)
         return self.prompts[permutation(n, self.seed, cycle)[j] if self.shuffled else j]
 
-    def draw(self, cursor: int, n: int) -> list[tuple[int, Prompt]]:
+    def draw(self, cursor: int, n: int) -> list[tuple[int, T]]:
         """The next n (cursor, prompt) pairs from `cursor`."""
         return [(cursor + i, self.at(cursor + i)) for i in range(n)]
 
