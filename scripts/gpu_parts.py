@@ -427,7 +427,7 @@ def gpu_resident(setting):
 def audit(setting) -> dict:
     import torch
 
-    from retrograd.model.preflight import preflight
+    from retrograd.trainable.preflight import preflight
 
     model = load(setting, torch.bfloat16)
     report = preflight(model.decoder, ["auto"])

@@ -25,9 +25,9 @@ _apply_wait_policy()
 
 
 def load(path, device="auto", dtype=None, adapter=None, threads=None, cache="auto"):
-    from retrograd.model.model import load as _load
+    from retrograd.trainable.lora import load_adapted
 
-    return _load(path, device=device, dtype=dtype, adapter=adapter, threads=threads, cache=cache)
+    return load_adapted(path, adapter, device=device, dtype=dtype, threads=threads, cache=cache)
 
 
 def load_tokenizer(path):

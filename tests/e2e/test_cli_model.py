@@ -56,7 +56,7 @@ def test_preflight_rejects_unknown_target(tiny_model, capsys):
 def test_preflight_reports_fallbacks_strictly(tiny_model, monkeypatch):
     # Pretend the device is a GPU: every CPU op then counts as a host fallback.
     import retrograd
-    from retrograd.model import preflight as pf
+    from retrograd.trainable import preflight as pf
 
     m = retrograd.load(tiny_model("llama"), device="cpu")
     report = pf.PreflightReport(pf.torch.device("cuda"), m.dtype, [])

@@ -55,22 +55,14 @@ KNOWN = frozenset(
         "algorithms/context.py -> retrograd",
         "algorithms/persist.py -> retrograd",
         "cli/bench.py -> retrograd",
-        "cli/preflight.py -> retrograd",
         # a lower package reaching up
         "distributed/checkpoint.py -> retrograd.checkpoint",
         "distributed/checkpoint.py -> retrograd.checkpoint.layout",
-        "model/model.py -> retrograd.trainable.lora",  # load(adapter=)
-        "model/preflight.py -> retrograd.trainable.lora",
         "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
     }
 )
 # today's circles of files, each as its sorted modules; only ever removed
-KNOWN_CIRCLES = frozenset(
-    {
-        # model.load(adapter=) until load_adapted replaces it
-        ("retrograd.model.model", "retrograd.trainable.lora"),
-    }
-)
+KNOWN_CIRCLES = frozenset({})
 
 
 def module_of(path: Path) -> str:

@@ -116,7 +116,7 @@ def preflight_check(model: Model, training, console=None) -> None:
     from retrograd import environ
     from retrograd.algorithms import duty
     from retrograd.errors import DeviceError
-    from retrograd.model.preflight import preflight
+    from retrograd.trainable.preflight import preflight
 
     limiter = duty.configure(training.max_gpu_duty_cycle, model.device)
     if console is not None and training.max_gpu_duty_cycle < 1.0:

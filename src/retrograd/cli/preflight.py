@@ -36,11 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import retrograd
-    from retrograd.model.preflight import preflight
+    from retrograd.model.model import load
+    from retrograd.trainable.preflight import preflight
 
     con = Console()
-    model = retrograd.load(args.model, device=args.device)
+    model = load(args.model, device=args.device)
     con.print(f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}")
     for line in model.report.lines():  # the compute plan
         con.print(line, markup=False)

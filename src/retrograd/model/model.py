@@ -84,7 +84,6 @@ def load(
     path: str | Path,
     device: str = "auto",
     dtype=None,
-    adapter: str | Path | None = None,
     threads: int | None = None,
     cache: str = "auto",
     plan: ComputePlan | None = None,
@@ -92,7 +91,7 @@ def load(
     """Open a GGUF model.
 
     device: auto, cpu or gpu. dtype: torch.float32 (exactness), torch.bfloat16 (speed), or
-    None for the fast one the device has. adapter: a llama.cpp LoRA GGUF applied on top.
+    None for the fast one the device has (an adapter on top: trainable.lora.load_adapted).
     cache: auto, on or off for the dequantized-weight cache. plan: the compute plan a command
     built (retrograd/compute.py); by default one is built here from these arguments and the
     environment, whose variables win over them (RETRO_THREADS, RETRO_DEQUANT_CACHE).
@@ -106,9 +105,4 @@ def load(
     dev = resolve_device(plan.device)
     g = GGUFFile(path)
     decoder, report = build_decoder(g, dev, parse_dtype(plan.dtype, dev), plan=plan)
-    model = Model(g, decoder, report)
-    if adapter is not None:
-        from retrograd.trainable.lora import apply_adapter_file
-
-        apply_adapter_file(decoder, adapter)
-    return model
+    return Model(g, decoder, report)

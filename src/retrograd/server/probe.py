@@ -6,7 +6,7 @@ weights for them: `retrograd preflight` as JSON, and a plan's calibration.
 
 Each prints one JSON object on stdout: the answer, or {"error": "..."}.
 
-`preflight` is the CLI's check (model/preflight.py): one forward and backward through fresh
+`preflight` is the CLI's check (trainable/preflight.py): one forward and backward through fresh
 LoRA adapters on the targets with 16 tokens, every operation's device recorded.
 `calibrate` loads the run's model on its device as the run would and runs that same audited
 step with `training.micro_batch` tokens; it reports the process's peak resident memory (and,
@@ -29,7 +29,7 @@ def _peak_rss() -> int:
 
 def preflight(request: dict[str, Any]) -> dict[str, Any]:
     from retrograd.model.model import load
-    from retrograd.model.preflight import preflight as audit
+    from retrograd.trainable.preflight import preflight as audit
 
     model = load(request["model"], device=request.get("device") or "auto")
     report = audit(model.decoder, list(request.get("targets") or ["auto"]))
@@ -54,7 +54,7 @@ def calibrate(request: dict[str, Any]) -> dict[str, Any]:
 
     from retrograd.algorithms import context
     from retrograd.config import validate_run
-    from retrograd.model.preflight import preflight as audit
+    from retrograd.trainable.preflight import preflight as audit
 
     cfg = validate_run(request["document"], source="the plan", base_dir=request["base_dir"])
     before = _peak_rss()
