@@ -215,9 +215,9 @@ def reference(cfg, model: Model, adapters):
     its adapters off, no second copy of the weights) or [reference].model's, loaded here."""
     if cfg.reference is None:
         return lambda: _Off(adapters)
-    import retrograd
+    from retrograd.model.model import load
 
-    ref = retrograd.load(cfg.reference.model, device=cfg.model.device, threads=cfg.training.threads)
+    ref = load(cfg.reference.model, device=cfg.model.device, threads=cfg.training.threads)
     check_same_tokenizer(model, ref, "[reference].model")
     return lambda: _Same(ref.decoder)
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd import __version__
 from retrograd.algorithms.outputs import rescue_paths
 from retrograd.checkpoint import (
     AdapterState,
@@ -48,6 +47,7 @@ from retrograd.gguf.model_export import bf16_tensor, write_model, write_trainabl
 from retrograd.observe import Metrics, RunInfo
 from retrograd.optim import base_lr, lr_at
 from retrograd.trainable.plan import Trained
+from retrograd.version import __version__
 
 _log = logging.getLogger(__name__)
 

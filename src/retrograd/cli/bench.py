@@ -159,16 +159,16 @@ def bench_distill(cfg, data: str, args) -> int:
     message: an on-policy run's [evaluation].data) is answered by the teacher first, sampled
     as [distill.sampling] says with seeds fixed per line, and the models compared on those
     answers."""
-    import retrograd
     from retrograd.algorithms import context
     from retrograd.algorithms.evaluate import perplexity, teacher_agreement
+    from retrograd.model.model import load
     from retrograd.trainable.lora import apply_adapter_file
 
     con = Console()
     ctx = args.ctx or cfg.training.ctx
     model = load_float32(cfg)
     con.print(f"model: {model.gguf.path.name}; {model.report.describe()}")
-    teacher = retrograd.load(
+    teacher = load(
         cfg.distill.teacher_path,
         device=cfg.model.device,
         dtype=model.dtype,
@@ -272,9 +272,9 @@ def load_float32(cfg):
     the numbers llama.cpp computes, not those of the 16-bit training path."""
     import torch
 
-    import retrograd
+    from retrograd.model.model import load
 
-    return retrograd.load(
+    return load(
         cfg.model.path, device=cfg.model.device, dtype=torch.float32, threads=cfg.training.threads
     )
 
