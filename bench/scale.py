@@ -64,7 +64,6 @@ from tests.factories.llama_shaped import N_VOCAB, SHAPES, LlamaShape
 RECIPE = 1  # the model files' recipe: change it when llama_shaped.py writes other weights
 CACHE = ROOT / ".cache" / "scale"
 GIB = 1 << 30
-CACHE_FRACTION = 0.4  # retrograd/model/loader.py's share of available memory for the cache
 FIT = 0.95  # a side runs where its estimate is at most this share of MemAvailable
 SIDES = {
     "sft_on": "SFT ours, dense cache on",
@@ -98,8 +97,7 @@ def estimates(s: LlamaShape, file_bytes: int, args) -> dict[str, int]:
     """Each side's peak RSS, estimated (GiB-sized constants: PyTorch with its compiled kernels,
     transformers, llama.cpp's compute buffers)."""
     width = 2 if args.fast_bf16 else 4
-    matrices = sum(r * c for _, r, c in s.matrices())
-    dense = width * matrices
+    dense = dense_bytes(s, args)
     largest = max(r * c for _, r, c in s.matrices())
     ours = file_bytes + int(1.25 * GIB)
     sft = activations(s, 512, 512, width)
@@ -132,7 +130,10 @@ def dense_bytes(s: LlamaShape, args) -> int:
 
 
 def auto_cache(s: LlamaShape, args) -> bool:
-    """What cache = "auto" chooses on this machine now (retrograd/model/loader.py)."""
+    """What the loader's cache = "auto" chooses for this model on this machine now: on where
+    the dense weights fit in its share of MemAvailable."""
+    from retrograd.compute import CACHE_FRACTION
+
     return dense_bytes(s, args) <= CACHE_FRACTION * host_memory()[1]
 
 
@@ -289,7 +290,7 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
         f"{'tied' if s.tied else 'untied'} output; Q4_K_M {b['file_bytes'] / GIB:.2f} GiB; "
         f"{s.params() / 1e9:.2f} B parameters; FLOPs per trained token 4 x ({s.block_params() / 1e9:.3f}"
         f" + {s.head_params() / 1e9:.3f}) B = {fpt / 1e9:.2f} GFLOP",
-        f"{'side':<36} {'tok/s':>8} {'MFU':>6} {'peak RSS':>10} {'train peak':>10} "
+        f"{'side':<38} {'tok/s':>8} {'MFU':>6} {'peak RSS':>10} {'train peak':>10} "
         f"{'estimate':>9}  notes",
     ]
     for side in SIDES:
@@ -300,12 +301,12 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
         name = SIDES[side] + (f" ({args.variant})" if side == "sft_peer" else "")
         if not m["fits"]:
             lines.append(
-                f"{name:<36} does not fit: estimate {est}, available "
+                f"{name:<38} does not fit: estimate {est}, available "
                 f"{m['available_bytes'] / GIB:.1f} GiB"
             )
             continue
         if "error" in m:
-            lines.append(f"{name:<36} FAILED: {m['error']} (estimate {est})")
+            lines.append(f"{name:<38} FAILED: {m['error']} (estimate {est})")
             continue
         lines += side_rows(side, name, m, est, fpt, peak_flops)
     return lines
@@ -317,7 +318,7 @@ def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: flo
         train = f"{m['train_peak_mib'] / 1024:8.2f} GiB" if m.get("train_peak_mib") else "?"
         mfu = m["tok_s"] * fpt / peak_flops
         return [
-            f"{name:<36} {m['tok_s']:8.1f} {mfu:6.1%} {peak:>10} {train:>10} {est:>9}  "
+            f"{name:<38} {m['tok_s']:8.1f} {mfu:6.1%} {peak:>10} {train:>10} {est:>9}  "
             f"step {m['step_s']:.2f} s ({m['steps']} timed), loss@1 {m['first_loss']:.3f}"
         ]
     if side == "grpo":
@@ -326,14 +327,14 @@ def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: flo
             f"{k} {u[k]:.1f}" for k in ("generation", "reward", "scoring", "optimizer", "other")
         )
         return [
-            f"{name:<36} {'':>8} {'':>6} {peak:>10} {gib(m['train_peak_mib']):>10} {est:>9}  "
+            f"{name:<38} {'':>8} {'':>6} {peak:>10} {gib(m['train_peak_mib']):>10} {est:>9}  "
             f"update {u['total']:.1f} s: {phases}; trained fraction {m['trained_fraction'][-1]}; "
             f"cache {m['cache_env'].get('RETRO_DEQUANT_CACHE')}"
         ]
     rows = []
     for b, rate in m["tok_s"].items():
         rows.append(
-            f"{name + f', {b} sequence(s)':<36} {rate:8.1f} {'':>6} {peak:>10} {'':>10} {est:>9}"
+            f"{name + f', {b} sequence(s)':<38} {rate:8.1f} {'':>6} {peak:>10} {'':>10} {est:>9}"
             + (
                 f"  cache {m['cache_env'].get('RETRO_DEQUANT_CACHE', '-')}"
                 if side == "gen_ours"
@@ -352,7 +353,7 @@ def report_fit(res: dict, args) -> list[str]:
         f"({avail / GIB:.1f} GiB; {host_memory()[0] / GIB:.1f} GiB in all); measured peak in brackets"
     ]
     sizes = [k for k in SHAPES if k != "tiny"]
-    lines.append(f"{'side':<36} " + " ".join(f"{k:>16}" for k in sizes) + "  stops at")
+    lines.append(f"{'side':<38} " + " ".join(f"{k:>16}" for k in sizes) + "  stops at")
     for side in SIDES:
         cells, stop = [], None
         for size in sizes:
@@ -365,7 +366,7 @@ def report_fit(res: dict, args) -> list[str]:
                 cell + (f" ({ran['maxrss_mib'] / 1024:.1f})" if "maxrss_mib" in ran else "")
             )
         lines.append(
-            f"{SIDES[side]:<36} "
+            f"{SIDES[side]:<38} "
             + " ".join(f"{c:>16}" for c in cells)
             + f"  {stop or 'fits at every size'}"
         )
