@@ -52,8 +52,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 KNOWN = frozenset(
     {
         # a lower package reaching up
-        "distributed/checkpoint.py -> retrograd.checkpoint",
-        "distributed/checkpoint.py -> retrograd.checkpoint.layout",
         "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
     }
 )

@@ -37,9 +37,9 @@ from retrograd.checkpoint import (
     step_id,
 )
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
+from retrograd.checkpoint.ranks import WORLD_SIZE, check_world, restore_state, save_state
 from retrograd.checkpoint.rng import capture_rng, restore_rng
 from retrograd.distributed import world
-from retrograd.distributed.checkpoint import WORLD_SIZE, check_world, restore_state, save_state
 from retrograd.errors import ConfigError, TrainingError
 from retrograd.gguf import RawTensor
 from retrograd.gguf.lora_export import write_lora_adapter

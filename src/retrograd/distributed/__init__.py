@@ -17,7 +17,7 @@ The API every loop uses:
                                 decoder's blocks (distributed/fsdp2.py), Replicas.sharded says so
   Replicas.sum_step(params, *values) -> values summed over the ranks, gradients summed in place
   all_reduce_sum(values), gather_objects(obj), broadcast_object(obj), barrier()
-  checkpoints: retrograd.distributed.checkpoint (save_state, restore_state), called by persist.py
+  (the ranks' checkpoints are the checkpoint layer's: checkpoint/ranks.py)
 
 What this package does not know: losses, data, the algorithms' names. The loops decide what a
 share is (the passes of an SFT step, the pieces of a preference step) and scale each share's

@@ -122,7 +122,7 @@ def _port_once() -> int:
 def test_a_checkpoint_resumes_only_with_the_world_size_that_saved_it():
     import dataclasses
 
-    from retrograd.distributed.checkpoint import WORLD_SIZE, check_world
+    from retrograd.checkpoint.ranks import WORLD_SIZE, check_world
     from tests.unit.checkpoint.sample_state import make_state
 
     state = make_state()

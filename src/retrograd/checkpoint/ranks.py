@@ -1,4 +1,5 @@
-"""Checkpoints of a run on several ranks, written by all of them together.
+"""Checkpoints of a run on several ranks, written by all of them together (the ranks are
+retrograd.distributed's; this module sits above it).
 
 A distributed checkpoint is the `.state` directory one process writes (rank 0: metadata,
 position, the adapter factors and the sibling .gguf export, the optimizer's groups) with two
