@@ -7,7 +7,7 @@ reported at once; distill's two modes are two models, chosen by `mode`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Discriminator, Tag, field_validator
 
@@ -82,10 +82,13 @@ class PpoCritic(Section):
 
 
 class _RewardKeys(Section):
+    # Required in a run file; the Python API may give reward functions instead (load.py).
+    SUPPLIED_BY: ClassVar[dict[str, str]] = {"reward_command": "rewards"}
+
     prompts: FilePath = key(description="Chat JSONL prompts, each ending with a user message.")
-    reward_command: Argv = key(
-        description="Reward program, as an argument list; relative programs resolve against "
-        "the working directory, not the run file."
+    reward_command: Argv | None = optional_key(
+        "Reward program, as an argument list; relative programs resolve against the working "
+        "directory, not the run file."
     )
     reward_mode: RewardMode = key(
         "persistent", "persistent (one process for the run) or oneshot (one per batch)."

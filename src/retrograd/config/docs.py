@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from retrograd.config.availability import availability
-from retrograd.config.document import RunConfig
+from retrograd.config.document import RunDocument
 from retrograd.config.report import _models, _tag_of, _unwrap, toml_value
 
 BEGIN = "<!-- BEGIN GENERATED KEY TABLES: python -m retrograd.config.docs docs/configuration.md -->"
@@ -59,7 +59,7 @@ class TomlTable:
 
 def toml_tables() -> Iterator[TomlTable]:
     """Every TOML table of a run file, in file order, nested tables after their parent."""
-    for name, field in RunConfig.model_fields.items():
+    for name, field in RunDocument.model_fields.items():
         yield from _tables(name, field.annotation, field.description or "")
 
 
@@ -100,7 +100,8 @@ def _rows(table: str, model: type[BaseModel], parts: list[str]) -> None:
         if _holds_tables(field.annotation):
             continue  # a nested table, documented under its own heading
         rows.append(
-            f"| `{key_name}` | {_type_text(field.annotation)} | {_default_text(field)} "
+            f"| `{key_name}` | {_type_text(field.annotation)} "
+            f"| {_default_text(field, key_name in getattr(model, 'SUPPLIED_BY', {}))} "
             f"| {_prose(field.description or '')} "
             f"| {_cell(availability(table, key_name).column)} |"
         )
@@ -117,8 +118,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _default_text(field: Any) -> str:
-    if field.default is PydanticUndefined:
+def _default_text(field: Any, replaceable: bool = False) -> str:
+    """`required` (also for a key only the Python API may replace), `none`, or the value."""
+    if field.default is PydanticUndefined or replaceable:
         return "required"
     if field.default is None:
         return "none"

@@ -1,8 +1,9 @@
-"""RunConfig: the whole run file, one typed attribute per TOML section.
+"""RunDocument: the whole run file's schema, one typed attribute per TOML section.
 
-Build it with `load_run` or `validate_run` (load.py), which also apply the cross-section rules
-and the command-line overrides; `RunConfig.model_validate` alone checks each section but not
-the rules between them.
+The config every reader returns and a Python caller builds is its subclass RunConfig
+(load.py), which adds the loader's doors: `load_run` / `validate_run` / `RunConfig(...)`
+apply the cross-section rules and the command-line overrides; `RunDocument.model_validate`
+alone checks each section but not the rules between them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from retrograd.config.core import (
     TrainableSection,
 )
 from retrograd.config.fields import Section, key, optional_key
+from retrograd.config.report import table_root
 from retrograd.config.tracking import (
     CheckpointSection,
     EvaluationSection,
@@ -47,7 +49,8 @@ OBSERVE_ALGORITHMS = ("ppo", "grpo", "agent_grpo")
 PINNED_ACCUMULATION = ("ppo", "grpo", "agent_grpo", "preference")
 
 
-class RunConfig(Section):
+@table_root
+class RunDocument(Section):
     """A run file: [run] chooses the algorithm, and with it the section that describes it."""
 
     run: RunSection = key(description="The algorithm of the run.")
@@ -94,4 +97,4 @@ class RunConfig(Section):
         return getattr(self, ALGORITHM_SECTIONS[self.run.algorithm])
 
 
-SECTION_NAMES = tuple(RunConfig.model_fields)
+SECTION_NAMES = tuple(RunDocument.model_fields)

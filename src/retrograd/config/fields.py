@@ -19,14 +19,30 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationError,
     ValidationInfo,
 )
+
+from retrograd.config.report import construction_error
 
 
 class Section(BaseModel):
     """Base of every TOML table: unknown keys refused, TOML types kept, values immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        """Built in Python: the section's own checks, each problem named as the run file
+        names its key (`[grpo].group_size = 1: must be at least 2`), raised as ConfigError."""
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise construction_error(type(self), error) from None
+
+    # NOTE: pydantic calls a model's own __init__ when it validates a nested table unless the
+    # __init__ carries this mark (BaseModel's does). Marked, loading a file collects pydantic's
+    # errors of every section as before, and only a call in Python comes through here.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     def is_set(self, key: str) -> bool:
         """True when the run file wrote `key` itself rather than leaving the default."""

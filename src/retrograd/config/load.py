@@ -1,9 +1,17 @@
-"""Reading a run file: TOML, each section's own checks, the rules between them, the overrides.
+"""Reading a run file: TOML, each section's own checks, the rules between them, the overrides;
+and RunConfig, the checked run that every reader returns and a Python caller builds.
 
 Everything wrong with a file is collected and raised once, as a ConfigError with one line per
 problem. Paths in the file resolve against the file's directory; --model, --device and --resume
 come from the command line (paths against the current directory). Nothing here opens a model:
 checks that need its tensors are in `selectors.py`. `load_run` also applies [run].verbose.
+
+Built in Python (`RunConfig(run=..., grpo=GrpoSection(...))`, `build_run`), a config goes
+through `validate_run` on the document its sections make, so the rules between sections, the
+refusals and the derived defaults apply exactly as to a loaded file; relative paths resolve
+against the current directory and error lines start at the table (`[grpo].group_size = 1:
+must be at least 2`). `supplied` names the parts a Python caller gives as objects instead of
+keys (SUPPLIED_PARTS); a key such a part replaces may then be left out.
 """
 
 from __future__ import annotations
@@ -11,11 +19,12 @@ from __future__ import annotations
 import logging
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from retrograd import nesting
 from retrograd.config.core import ModelSection
@@ -23,20 +32,98 @@ from retrograd.config.document import (
     ALGORITHM_SECTIONS,
     OBSERVE_ALGORITHMS,
     SECTION_NAMES,
-    RunConfig,
+    RunDocument,
 )
-from retrograd.config.report import Issue, issues_from_pydantic, suggest
+from retrograd.config.report import Issue, _models, issues_from_pydantic, suggest
 from retrograd.config.resolved import resolved_lines
 from retrograd.config.rule_base import Draft, issue
 from retrograd.config.rules import run_rules
 from retrograd.config.rules_train import OUTPUT_KINDS
 from retrograd.config.training import GefenSection, MuonSection, OptimizerSection
+from retrograd.config.write import document, dumps, section_document
 from retrograd.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# What a Python caller may supply instead of keys: reward functions (for reward_command), an
+# agent environment (for [agent.environment]) and a verify function of finished episodes.
+SUPPLIED_PARTS = ("rewards", "environment", "verify")
+
 # Sections that always exist after loading, with their defaults when the file leaves them out.
 DEFAULT_SECTIONS = {"model": ModelSection, "training": None, "optimizer": OptimizerSection}
+
+
+class RunConfig(RunDocument):
+    """A checked run: every section of a run file, the rules between them applied.
+
+    Built in Python, `RunConfig(run=RunSection(algorithm="grpo"), grpo=GrpoSection(...),
+    ...)` is checked as a loaded file is (each section, the rules between them, the derived
+    defaults; relative paths against the current directory) and raises the same ConfigError
+    lines, without the file name. `from_toml` reads a run file, `to_toml` writes one.
+    """
+
+    def __init__(self, /, **sections: Any) -> None:
+        built = build_run(sections)
+        super().__init__(**{name: getattr(built, name) for name in built.model_fields_set})
+
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]  # see fields.Section
+
+    @classmethod
+    def from_toml(
+        cls, path: str | Path, *, model: str | Path | None = None, device: str | None = None
+    ) -> RunConfig:
+        """Read and check a run file, as `retrograd train` does (`model` and `device` as its
+        --model and --device); ConfigError lists every problem."""
+        return load_run(path, model=model, device=device)
+
+    def to_toml(self, path: str | Path | None = None) -> str:
+        """The run file of this config, which `from_toml` reads back equal: the keys set on
+        each section (written, passed, or derived by the loader), paths as held. With `path`,
+        also written there (through a temporary name and a rename)."""
+        text = dumps(document(self))
+        if path is not None:
+            from retrograd.gguf.writer import atomic_path
+
+            with atomic_path(path) as tmp:
+                tmp.write_text(text, encoding="utf-8")
+        return text
+
+
+def build_run(
+    sections: Mapping[str, Any],
+    *,
+    supplied: Iterable[str] = (),
+    base_dir: str | Path | None = None,
+) -> RunConfig:
+    """A RunConfig from sections (section objects or dicts; None leaves one out), checked as a
+    run file is; relative paths against `base_dir`, else the current directory; `supplied` as
+    `validate_run` takes it. ConfigError lists every problem."""
+    misplaced = [line for name, value in sections.items() if (line := _misplaced(name, value))]
+    if misplaced:
+        raise ConfigError("\n".join(misplaced))
+    doc = {
+        name: section_document(value) if isinstance(value, BaseModel) else value
+        for name, value in sections.items()
+        if value is not None
+    }
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    return validate_run(doc, source=None, base_dir=base, supplied=supplied)
+
+
+def _misplaced(name: str, value: Any) -> str | None:
+    """`[grpo]: given a LoraSection; [grpo] is a GrpoSection`, for a section object passed
+    under another section's name (an unknown name is reported as in a file)."""
+    if not isinstance(value, BaseModel) or name not in RunDocument.model_fields:
+        return None
+    expected = _section_types(name)
+    if type(value) in expected:
+        return None
+    names = " or ".join(cls.__name__ for cls in expected)
+    return f"[{name}]: given a {type(value).__name__}; [{name}] is a {names}"
+
+
+def _section_types(name: str) -> tuple[type, ...]:
+    return tuple(_models(RunDocument.model_fields[name].annotation))
 
 
 def load_run(
@@ -117,17 +204,24 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 def validate_run(
     data: dict[str, Any],
     *,
-    source: str = "run.toml",
+    source: str | None = "run.toml",
     base_dir: str | Path | None = None,
     model: str | Path | None = None,
     device: str | None = None,
     resume: bool | str | Path | None = None,
+    supplied: Iterable[str] = (),
 ) -> RunConfig:
-    """Validate an already-parsed run document (from TOML or JSON); see `load_run`."""
+    """Validate an already-parsed run document (from TOML or JSON); see `load_run`.
+
+    `source` starts each error line (None: a config built in Python, the line starts at the
+    table). `supplied` names what the Python API gives as objects rather than keys
+    (SUPPLIED_PARTS): a key it replaces may then be left out."""
     context = {"base_dir": Path(base_dir)} if base_dir is not None else None
     draft, found = _sections(data, context, _not_applying(data))
     draft.resume = bool(resume)
+    draft.supplied = _supplied(supplied)
     found += _presence(draft)
+    found += _replaceable_keys(draft)
     found += _model_overrides(draft, model, device)
     if "run" in draft.sections and not draft.failed & {"run", "training"}:
         found += run_rules(draft)
@@ -140,7 +234,7 @@ def validate_run(
 
 @cache
 def _adapter(name: str) -> TypeAdapter:
-    return TypeAdapter(RunConfig.model_fields[name].annotation)
+    return TypeAdapter(RunDocument.model_fields[name].annotation)
 
 
 def _not_applying(data: dict[str, Any]) -> set[str]:
@@ -177,6 +271,25 @@ def _sections(
         if name not in sections and name not in failed:
             sections[name] = default() if default else _adapter(name).validate_python({})
     return Draft(dict(data), sections, failed), found
+
+
+def _supplied(parts: Iterable[str]) -> frozenset[str]:
+    given = frozenset(parts)
+    unknown = sorted(given - set(SUPPLIED_PARTS))
+    if unknown:
+        raise ValueError(f"supplied {unknown}: the parts are {', '.join(SUPPLIED_PARTS)}")
+    return given
+
+
+def _replaceable_keys(d: Draft) -> list[Issue]:
+    """Keys a run file must write that a Python caller may replace by an object (a section
+    class's SUPPLIED_BY: reward_command by reward functions): required unless supplied."""
+    found = []
+    for name, section in d.sections.items():
+        for key, part in getattr(type(section), "SUPPLIED_BY", {}).items():
+            if getattr(section, key) is None and part not in d.supplied:
+                found.append(issue(name, key, "required"))
+    return found
 
 
 def _section_hint(name: str) -> str:

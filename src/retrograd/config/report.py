@@ -4,19 +4,27 @@ Pydantic's errors carry a location path through models, tagged unions, lists and
 module walks that path against the section models to split it into the table (`[grpo.judge]`)
 and the key, and rewrites pydantic's wording into ours, with the closest known key suggested
 for a misspelled one. It knows nothing about which rules exist.
+
+A section built in Python (`GrpoSection(group_size=1)`) is named by where it sits in the file
+whose class registered with `@table_root` (the run document): `[grpo].group_size = 1: must
+be at least 2`. A class that sits in several places (the sampling table of [grpo] and
+[distill], a judge, an MCP server entry, a tool) is not placed yet when it is built, so its
+errors name the class: `GrpoSampling.temperature = 0.5: ...`.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import types
 import typing
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cache
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from retrograd.config.write import value_text
+from retrograd.errors import ConfigError
 
 MISSING = object()
 
@@ -30,13 +38,16 @@ class Issue:
     message: str
     value: Any = MISSING
 
-    def render(self, source: str) -> str:
+    def render(self, source: str | None) -> str:
+        """`source: [table].key = value: rule`; without a source (a config built in Python)
+        the line starts at the table."""
         where = table_name(self.table) if self.table else ""
         if self.key is not None:
             where = f"{where}.{self.key}" if where else self.key
         if self.value is not MISSING:
             where = f"{where} = {toml_value(self.value)}"
-        return f"{source}: {where}: {self.message}" if where else f"{source}: {self.message}"
+        line = f"{where}: {self.message}" if where else self.message
+        return f"{source}: {line}" if source is not None else line
 
 
 def table_name(table: tuple[str | int, ...]) -> str:
@@ -55,19 +66,13 @@ def table_name(table: tuple[str | int, ...]) -> str:
 
 
 def toml_value(value: Any, limit: int = 60) -> str:
-    """A value as the user wrote it in TOML (strings in double quotes, lowercase booleans)."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str | Path):
-        text = json.dumps(str(value), ensure_ascii=False)
-    elif isinstance(value, list | tuple):
-        text = "[" + ", ".join(toml_value(item, limit) for item in value) + "]"
-    elif isinstance(value, dict):
-        items = ", ".join(f"{k} = {toml_value(v, limit)}" for k, v in value.items())
-        text = "{ " + items + " }" if items else "{}"
-    elif isinstance(value, BaseModel):
-        text = toml_value(value.model_dump(exclude_unset=True), limit)
-    else:
+    """A value as the user wrote it in TOML (strings in double quotes, lowercase booleans),
+    cut to `limit` characters; what TOML cannot hold (None, an object) as Python prints it."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_unset=True)
+    try:
+        text = value_text(value)
+    except (TypeError, ValueError):
         text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -265,3 +270,71 @@ def issues_from_pydantic(
         message = _message(error, walk, str(rest[0]) if rest else None)
         found.append(Issue(prefix + table, key_name, message, value))
     return found
+
+
+# -- sections built in Python -------------------------------------------------------------------
+
+# The classes of whole files (document.py's RunDocument) whose tables name a section's errors.
+ROOTS: list[type[BaseModel]] = []
+
+
+def table_root(cls: type[BaseModel]) -> type[BaseModel]:
+    """Register the class of a whole file: its tables are where sections sit."""
+    ROOTS.append(cls)
+    _homes.cache_clear()
+    return cls
+
+
+def construction_error(cls: type[BaseModel], error: ValidationError) -> ConfigError:
+    """The ConfigError of a section built in Python with bad keys, one line per problem."""
+    home = home_of(cls)
+    found = issues_from_pydantic(error.errors(), cls, home or ())
+    lines = [item.render(None) if home else _class_line(cls, item) for item in found]
+    failure = ConfigError("\n".join(lines))
+    failure.issues = found  # type: ignore[attr-defined]
+    return failure
+
+
+def _class_line(cls: type, item: Issue) -> str:
+    """`GrpoSampling.temperature = 0.5: rule`: the issue named from its class."""
+    where = cls.__name__ + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item.table)
+    if item.key is not None:
+        where += f".{item.key}"
+    if item.value is not MISSING:
+        where += f" = {toml_value(item.value)}"
+    return f"{where}: {item.message}"
+
+
+def home_of(cls: type) -> tuple[str, ...] | None:
+    """The one table path where `cls` sits (("grpo", "sampling")), or None when it sits in
+    several, in an array or map of tables, or in no registered file."""
+    homes = _homes().get(cls, set())
+    if len(homes) != 1:
+        return None
+    (home,) = homes
+    return home
+
+
+def section_classes() -> tuple[type[BaseModel], ...]:
+    """Every table class of the registered files, in the order the walk first meets them."""
+    return tuple(_homes())
+
+
+@cache
+def _homes() -> dict[type, set[tuple[str, ...] | None]]:
+    found: dict[type, set[tuple[str, ...] | None]] = {}
+    for root in ROOTS:
+        _walk_homes(root, (), found)
+    return found
+
+
+def _walk_homes(model: type[BaseModel], path: tuple[str, ...] | None, found: dict) -> None:
+    for name, field in model.model_fields.items():
+        inner = _unwrap(field.annotation)
+        contained = typing.get_origin(inner) in (list, dict)
+        if contained:
+            inner = typing.get_args(inner)[-1]
+        for member in _models(inner):
+            where = None if path is None or contained else (*path, name)
+            found.setdefault(member, set()).add(where)
+            _walk_homes(member, where, found)

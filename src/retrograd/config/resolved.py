@@ -13,17 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from retrograd.config.document import RunConfig
+from retrograd.config.document import RunDocument
 from retrograd.config.report import _models, toml_value
 
 
 def resolved_lines(
-    config: RunConfig, data: dict[str, Any], overrides: dict[str, str] | None = None
+    config: RunDocument, data: dict[str, Any], overrides: dict[str, str] | None = None
 ) -> list[str]:
     """`[table].key = value (origin)` for every key of the run; `overrides` maps
     "model.path" / "model.device" to the flag that set it."""
     lines: list[str] = []
-    for name in RunConfig.model_fields:
+    for name in RunDocument.model_fields:
         section = getattr(config, name)
         if section is not None:
             lines += _section(name, section, data.get(name), overrides or {})

@@ -26,6 +26,7 @@ class Draft:
     sections: dict[str, Any]
     failed: set[str] = field(default_factory=set)
     resume: bool = False
+    supplied: frozenset[str] = frozenset()  # parts given as Python objects (load.SUPPLIED_PARTS)
 
     def get(self, name: str) -> Any:
         """The validated section, or None when the file leaves it out (defaults filled in)."""

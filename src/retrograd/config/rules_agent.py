@@ -151,11 +151,26 @@ def agent_rules(d: Draft) -> Iterator[Issue]:
     if d.algorithm != "agent_grpo":
         return
     a = d.need("agent")
-    if a.judge is None and a.environment is None:
+    python_env = "environment" in d.supplied  # a Python environment (docs/python.md)
+    environment = a.environment is not None or python_env
+    if a.judge is None and not environment:
         yield issue(
             "agent",
             None,
             "needs an [agent.judge], an [agent.environment], or both, to score trajectories",
+        )
+    if python_env and a.environment is not None:
+        yield issue(
+            "agent.environment",
+            None,
+            "a Python environment is given too; remove the table or the Python environment",
+        )
+    if "verify" in d.supplied and not environment:
+        yield issue(
+            "agent",
+            None,
+            "a Python verify function checks the episodes of an environment; declare an "
+            "[agent.environment] or give a Python environment",
         )
     if a.judge is None:
         for name in ("judge_failure", "drop_degenerate_groups"):
@@ -178,9 +193,7 @@ def agent_rules(d: Draft) -> Iterator[Issue]:
         )
     names = [server.name for server in a.mcp_servers]
     for index, server in enumerate(a.mcp_servers):
-        yield from mcp_server_rules(
-            index, server, a.environment is not None, overlay=bool(a.mcp_config)
-        )
+        yield from mcp_server_rules(index, server, environment, overlay=bool(a.mcp_config))
         if server.name in names[:index]:
             yield issue(
                 f"agent.mcp_servers.{index}", "name", "used by an earlier server", server.name

@@ -10,14 +10,16 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from retrograd.config.document import ALGORITHM_SECTIONS, OBSERVE_ALGORITHMS, RunConfig
+from retrograd.config.document import ALGORITHM_SECTIONS, OBSERVE_ALGORITHMS, RunDocument
+from retrograd.config.report import section_classes
 
 SCHEMA_ID = "https://retrograd.dev/schemas/run.schema.json"
 
 
 @cache
 def _schema() -> dict[str, Any]:
-    schema = _simplify(RunConfig.model_json_schema(mode="validation"))
+    schema = _simplify(RunDocument.model_json_schema(mode="validation"))
+    _require_replaceable_keys(schema)
     schema["allOf"] = [_refused_sections(algorithm) for algorithm in ALGORITHM_SECTIONS]
     schema["title"] = "Retrograd run file"
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
@@ -28,6 +30,15 @@ def json_schema() -> dict[str, Any]:
     import copy
 
     return copy.deepcopy(_schema())
+
+
+def _require_replaceable_keys(schema: dict[str, Any]) -> None:
+    """A key the Python API may replace by an object (SUPPLIED_BY) is required in a file."""
+    for cls in section_classes():
+        keys = getattr(cls, "SUPPLIED_BY", {})
+        node = schema.get("$defs", {}).get(cls.__name__)
+        if keys and node is not None:
+            node["required"] = sorted({*node.get("required", ()), *keys})
 
 
 def _refused_sections(algorithm: str) -> dict[str, Any]:
