@@ -112,7 +112,7 @@ def total_steps(cfg) -> int:
 
 def check_available(cfg) -> None:
     """What this version cannot honour, refused before anything loads."""
-    context.check_rollout_keys(cfg.training, "agent_grpo")
+    context.check_fanout(cfg.training, "agent_grpo")
 
 
 def _check_manifest(path: Path) -> None:

@@ -143,14 +143,13 @@ def preflight_check(model: Model, training, console=None) -> None:
         )
 
 
-def check_rollout_keys(training, algorithm: str) -> None:
-    """[training] values the rollout loops (ppo, grpo, on-policy distill, agent_grpo) cannot
-    honour yet, refused before anything loads, naming the key (docs/configuration.md, "At run
-    time")."""
+def check_fanout(training, algorithm: str) -> None:
+    """[training].shared_prefix_fanout values the rollout loops (ppo, grpo, on-policy distill,
+    agent_grpo) cannot honour yet, refused before anything loads, naming the key
+    (docs/configuration.md, "At run time"). What the world cannot run is the algorithm
+    table's check (table.check_world)."""
     from retrograd.errors import ConfigError
-    from retrograd.rollout.spread import check_world, current_world
 
-    check_world(current_world(), algorithm)
     if training.shared_prefix_fanout not in ("auto", "off"):
         raise ConfigError(
             f"[training].shared_prefix_fanout = {training.shared_prefix_fanout!r}: not "

@@ -101,7 +101,7 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
     started = time.perf_counter()
     d, training = cfg.distill, cfg.training
     # 1. build: everything that can be checked is checked before the models load
-    context.check_rollout_keys(training, "distill")
+    context.check_fanout(training, "distill")
     outputs.check_outputs(cfg, run_file)
     prompt_file = read_prompts(d.prompts, "[distill].prompts")
     held_file = read_prompts(cfg.evaluation.data, "[evaluation].data") if cfg.evaluation else None

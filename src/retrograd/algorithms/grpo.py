@@ -119,7 +119,7 @@ def concurrency(cfg) -> int:
 def check_available(cfg) -> None:
     """Values the configuration reference allows that this loop cannot honour yet: refused
     before anything loads, naming the key (docs/configuration.md, "At run time")."""
-    context.check_rollout_keys(cfg.training, "grpo")
+    context.check_fanout(cfg.training, "grpo")
 
 
 def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:

@@ -98,7 +98,7 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
     started = time.perf_counter()
     p, training = cfg.ppo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
-    context.check_rollout_keys(training, "ppo")
+    context.check_fanout(training, "ppo")
     b = rollout_run.build(cfg, p.prompts, "[ppo].prompts", sinks, run_file, _concurrency(cfg))
     model, named, optimizer, plan = b.model, b.named, b.optimizer, b.plan
     steps = total_steps(cfg)

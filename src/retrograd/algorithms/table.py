@@ -90,6 +90,18 @@ def algorithm_of(cfg) -> Algorithm:
     raise ConfigError(f"[run].algorithm = {name!r}: this version trains {', '.join(names())}")
 
 
+def check_world(row: Algorithm) -> None:
+    """Refuse a row the process's world cannot run (several ranks, fsdp2), before it loads."""
+    from retrograd import distributed
+
+    sharded = ", ".join(a.name for a in ALGORITHMS if a.traits.sharded)
+    where = f"[run].algorithm = {row.name!r}"
+    distributed.check_traits(row.traits, distributed.world(), where, sharded)
+
+
 def run(cfg, *, resume=None, sinks=None, run_file=None):
-    """Run the loop the run file chooses -> its result."""
-    return algorithm_of(cfg).loop()(cfg, resume=resume, sinks=sinks, run_file=run_file)
+    """Run the loop the run file chooses, in the process's world (distributed.init_world
+    first under torchrun) -> its result."""
+    row = algorithm_of(cfg)
+    check_world(row)
+    return row.loop()(cfg, resume=resume, sinks=sinks, run_file=run_file)

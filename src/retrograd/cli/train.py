@@ -41,16 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.algorithms import table
     from retrograd.algorithms.persist import Sinks
 
-    algorithm = table.algorithm_of(cfg)
-    loop = algorithm.loop()
     world = distributed.init_world(cfg)  # under torchrun: this rank's place (docs/distributed.md)
     console = Console()
     sinks = Sinks(console=console) if world.main else Sinks.quiet()  # rank 0 alone reports
     try:
-        sharded = ", ".join(a.name for a in table.ALGORITHMS if a.traits.sharded)
-        where = f"[run].algorithm = {algorithm.name!r}"
-        distributed.check_traits(algorithm.traits, world, where, sharded)
-        loop(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
+        table.run(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
         distributed.barrier()  # the ranks leave together, once rank 0 has written the output
     except KeyboardInterrupt:
         sinks.fail("interrupted")

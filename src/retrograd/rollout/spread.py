@@ -18,8 +18,9 @@ update equals one process doing all of it.
 
 The collectives are retrograd.distributed's (gather_objects, all_reduce_sum, and the
 Replicas' sum_step for the gradients); every rank calls them in the same order, as the loops
-take the same branches. Sharded weights (parallel = "fsdp2") are refused: the in-process
-sampler reads whole weights.
+take the same branches. Sharded weights (parallel = "fsdp2") never come here: the algorithm
+table marks the rollout loops as sampling (the in-process sampler reads whole weights), and
+they are refused before they load.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from retrograd import distributed
-from retrograd.errors import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -37,15 +37,6 @@ R = TypeVar("R")
 def current_world() -> distributed.World:
     """The process's world: one process outside torchrun."""
     return distributed.world()
-
-
-def check_world(world: distributed.World, algorithm: str) -> None:
-    """A rollout loop samples with the whole model on every rank: fsdp2 is refused."""
-    if world.active and world.parallel == "fsdp2":
-        raise ConfigError(
-            f'[training].parallel = "fsdp2": {algorithm} samples its rollouts with the whole '
-            'model on every rank in this version; use "ddp"'
-        )
 
 
 def block(n: int, world: distributed.World) -> tuple[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrograd.algorithms.context import LOGITS_BUDGET, check_rollout_keys, generation_batch
+from retrograd.algorithms.context import LOGITS_BUDGET, check_fanout, generation_batch
 from retrograd.config.training import TrainingSection
 from retrograd.gguf import GGUFFile
 from retrograd.model.config import ModelConfig
@@ -39,7 +39,7 @@ def test_a_value_set_is_taken_as_it_is():
 
 
 def test_the_rollout_loops_accept_it():
-    check_rollout_keys(TrainingSection(generation_batch=8), "grpo")  # no error
+    check_fanout(TrainingSection(generation_batch=8), "grpo")  # no error
 
 
 def test_the_sampler_refuses_a_batch_below_one(tiny_model):

@@ -64,3 +64,20 @@ def test_a_name_the_table_lacks_is_refused_naming_the_key():
         table.algorithm_of(_cfg("dpo"))
     with pytest.raises(ConfigError, match=r"'distill/later'"):
         table.algorithm_of(_cfg("distill", "later"))
+
+
+def test_the_world_is_checked_before_a_loop_loads(monkeypatch):
+    """Several ranks sharding the blocks (fsdp2): a loop that samples is refused by table.run,
+    whatever door calls it, naming the loops fsdp2 takes; a lockstep one passes."""
+    from retrograd import distributed
+
+    fsdp2 = distributed.World(rank=0, size=2, parallel="fsdp2")
+    monkeypatch.setattr(distributed, "_WORLD", fsdp2)
+    for name in ("grpo", "ppo", "agent_grpo"):
+        with pytest.raises(ConfigError, match=rf"{name}' does not run its ranks in step"):
+            table.run(_cfg(name))
+    with pytest.raises(ConfigError, match=r"or train sft, preference, distill/topk_offline with"):
+        table.run(_cfg("distill", "on_policy"))
+    table.check_world(table.algorithm_of(_cfg("sft")))
+    monkeypatch.setattr(distributed, "_WORLD", distributed.World(rank=0, size=2, parallel="ddp"))
+    table.check_world(table.algorithm_of(_cfg("grpo")))

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from retrograd.distributed import World
-from retrograd.errors import ConfigError
 from retrograd.rollout import spread
 
 
@@ -36,9 +35,3 @@ def test_one_process_maps_everything_and_gathers_nothing():
     p.grad = torch.full((3,), 2.0)
     spread.sum_gradients([p], alone)
     assert torch.equal(p.grad, torch.full((3,), 2.0))
-
-
-def test_fsdp2_is_refused_for_a_rollout_loop():
-    with pytest.raises(ConfigError, match='parallel = "fsdp2": grpo samples'):
-        spread.check_world(World(rank=0, size=2, parallel="fsdp2"), "grpo")
-    spread.check_world(World(rank=0, size=2, parallel="ddp"), "grpo")
