@@ -125,6 +125,29 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
         assert scalars(tb, tag), tag
 
 
+def test_bf16_learns_as_float32_does(chat_model, tmp_path, monkeypatch):
+    """The same short run in both compute dtypes (RETRO_DTYPE): bf16 samples other answers
+    (16-bit logits and cache), so the curves differ, but it learns as float32 does: each run
+    climbs, bf16 by at least half of float32's climb, neither ends below where it began, and
+    the sampler's log-probabilities stay near the trainer's float32 ones."""
+    from retrograd.algorithms.grpo import run_grpo
+
+    climbs, gaps = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        monkeypatch.setenv("RETRO_DTYPE", dtype)
+        tmp = tmp_path / dtype
+        tmp.mkdir()
+        run = write_run(tmp, chat_model, {"updates": 12}, metrics='tensorboard_dir = "tb"')
+        rewards = run_grpo(load_run(run), run_file=run, sinks=sinks()).rewards
+        first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
+        assert min(rewards[3:]) > first - 0.1, (dtype, rewards)  # no collapse on the way
+        climbs[dtype] = last - first
+        gaps[dtype] = max(scalars(tmp / "tb", "policy/sampler_logprob_gap").values())
+    assert climbs["float32"] > 0.1, climbs
+    assert climbs["bfloat16"] > 0.5 * climbs["float32"], climbs
+    assert gaps["float32"] < 1e-2 and gaps["bfloat16"] < 0.1, gaps
+
+
 def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
     """grpo_epochs = 1: every ratio is 1 (nothing clipped) and the sampler's log-probabilities
     stay close to the trainer's (a float32 cache here)."""
