@@ -44,12 +44,12 @@ demo: venv
 	@echo "  $(BIN)/retrograd train examples/grpo/plurals.toml --model $(GEMMA)"
 
 lint: venv
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples scripts
+	$(BIN)/ruff format --check src tests bench examples scripts
 
 format: venv
-	$(BIN)/ruff check --fix src tests bench examples
-	$(BIN)/ruff format src tests bench examples
+	$(BIN)/ruff check --fix src tests bench examples scripts
+	$(BIN)/ruff format src tests bench examples scripts
 
 bench: venv
 	$(BIN)/python bench/forward.py

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None, parts: list[Part] | None = None, extra_p
 def drive(args, parts: list[Part], env: dict, timing, work: Path, extra_path) -> int:
     """The parts on `env`'s device; timing: (the global Clock, the budget scale)."""
     clock, scale = timing
-    where = env["gpu_name"] if env["device"] == "cuda" else "the CPU"
+    where = (env["gpu_name"] or "no GPU") if env["device"] == "cuda" else "the CPU"
     where = f"{where} (torch {env['torch']}, {env['device']})"
     report = {"device": env["device"], "environment": env, "quick": args.quick}
     report["setup"] = args.setup_note

@@ -144,7 +144,8 @@ def test_cuda_asked_where_torch_sees_none_fails_at_once(fake, monkeypatch, capsy
     monkeypatch.setattr(gpu_check, "environment", without_cuda)
     code, report = fake(["ok"], "--device", "cuda")
     assert code == 1 and report["parts"] == []
-    assert "--device cuda: PyTorch sees no GPU" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gpu-check on no GPU" in out and "--device cuda: PyTorch sees no GPU" in out
 
 
 def test_scale_command_passes_only_the_flags_its_help_lists(tmp_path):
