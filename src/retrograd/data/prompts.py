@@ -5,8 +5,10 @@ Read in two steps so that a malformed file fails before the model loads: `read_p
 validates every line (no tokenizer needed), `render_prompts` renders them through the chat
 template with the assistant-generation prefix. No metadata reaches a reward program: it gets
 the last user message's text. A line may carry `rubric` besides `messages` (for judges);
-other keys are refused, as the reference's examples say. A prompt that leaves no room for an
-answer in [training].ctx is an error naming its line, never cut.
+other keys are refused, as the reference's examples say, unless the run's rewards are Python
+functions (`extra_keys`), which receive each prompt's whole line (`Prompt.record`), ground
+truth and all. A prompt that leaves no room for an answer in [training].ctx is an error
+naming its line, never cut.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from retrograd.data.sft import json_records
 from retrograd.errors import DataError
@@ -32,6 +35,7 @@ class Prompt:
     text: str  # the last user message's content: what a reward program receives
     ids: tuple[int, ...]  # the rendered prompt with the assistant-generation prefix
     rubric: str | None = None  # the line's own judge criteria, else the judge's rubric
+    record: dict[str, Any] | None = None  # the whole JSON line, for reward functions
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class PromptLine:
     index: int
     messages: tuple[dict, ...]
     rubric: str | None
+    record: dict[str, Any] | None = None  # the whole JSON line, as parsed
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,12 @@ class PromptFile:
         return len(self.lines)
 
 
-def read_prompts(path: str | Path, where: str = "[grpo].prompts") -> PromptFile:
-    """Every line validated; DataError naming file and line on the first broken one."""
+def read_prompts(
+    path: str | Path, where: str = "[grpo].prompts", *, extra_keys: bool = False
+) -> PromptFile:
+    """Every line validated; DataError naming file and line on the first broken one.
+    `extra_keys`: keys besides messages and rubric are kept for reward functions (in the
+    line's `record`) instead of refused."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{where} = {path}: no such prompt file")
@@ -63,7 +72,7 @@ def read_prompts(path: str | Path, where: str = "[grpo].prompts") -> PromptFile:
         if not isinstance(record, dict):
             raise DataError(f"{place}: a prompt line must be a JSON object")
         extra = sorted(set(record) - ALLOWED_KEYS)
-        if extra:
+        if extra and not extra_keys:
             raise DataError(
                 f'{place}: unknown key {extra[0]!r}; a prompt line holds "messages" (and '
                 'optionally "rubric"): put what the reward program needs in the user message'
@@ -79,7 +88,7 @@ def read_prompts(path: str | Path, where: str = "[grpo].prompts") -> PromptFile:
         rubric = record.get("rubric")
         if rubric is not None and not isinstance(rubric, str):
             raise DataError(f'{place}: "rubric" must be a string')
-        lines.append(PromptLine(place, len(lines), tuple(messages), rubric))
+        lines.append(PromptLine(place, len(lines), tuple(messages), rubric, record))
     if not lines:
         raise DataError(f"{where} = {path}: no prompt in the file")
     return PromptFile(path, tuple(lines), hashlib.sha256(raw).hexdigest())
@@ -97,5 +106,7 @@ def render_prompts(file: PromptFile, chat, ctx: int) -> list[Prompt]:
                 f"for an answer in [training].ctx = {ctx}; shorten it or raise ctx"
             )
         text = str(line.messages[-1].get("content", ""))
-        out.append(Prompt(line.key, line.index, line.messages, text, tuple(ids), line.rubric))
+        out.append(
+            Prompt(line.key, line.index, line.messages, text, tuple(ids), line.rubric, line.record)
+        )
     return out

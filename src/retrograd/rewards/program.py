@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -33,10 +34,13 @@ ONESHOT_HINT = (
 
 @dataclass(frozen=True)
 class RewardRequest:
-    """What a reward program sees of one answer: the last user message and the answer text."""
+    """What a reward program sees of one answer: the last user message and the answer text.
+    `record` (the prompt's whole line) is for reward functions in Python
+    (rewards/callables.py); a program never receives it (formats.md §2)."""
 
     prompt: str
     completion: str
+    record: dict[str, Any] | None = None
 
     def line(self, **reserved: int) -> bytes:
         fields = {"prompt": self.prompt, "completion": self.completion, **reserved}
@@ -66,16 +70,27 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def finite_number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadLine(f'"{name}" must be a number, got {json.dumps(value)[:80]}')
+def finite_float(value: Any) -> float:
+    """A number as a finite float: TypeError for what is not a number (a bool is none; numpy's
+    scalars are), ValueError for NaN or an infinity (an integer too large for a float too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(type(value).__name__)
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise BadLine(f'"{name}" is not finite ({value})')
+        raise ValueError(value)
     return number
+
+
+def finite_number(value: Any, name: str) -> float:
+    try:
+        return finite_float(value)
+    except TypeError:
+        raise BadLine(f'"{name}" must be a number, got {json.dumps(value)[:80]}') from None
+    except ValueError:
+        raise BadLine(f'"{name}" is not finite ({value})') from None
 
 
 def decode_reply(obj: dict[str, Any], *, allow_judge_weight: bool) -> RewardReply:
