@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/scale.py [--sizes 1b,3b,8b] [--steps 4] [--threads 2] [--skip-peer]
                                   [--skip-grpo] [--skip-generate] [--quick] [--json OUT]
+                                  [--build-only] [--build-threads N] [--rest 10]
 
 The models: the shapes of Llama 3.2 1B, Llama 3.2 3B and Llama 3.1 8B with random weights and
 the real Llama 3 tokenizer (tests/factories/llama_shaped.py), written as F16 one chunk of rows at
@@ -32,8 +33,9 @@ own products and attention's scores are left out).
 Before each measurement the driver estimates its peak RSS from the shape (`estimates`: the
 file, the dense cache, activations, PyTorch; set on the first runs' peaks, on the high side)
 and compares it with MemAvailable: where it exceeds 95% of it, it prints "does not fit" with
-the estimate instead of running it (a measurement that dies anyway is reported as failed). At the end it prints, for every side and size, the estimate
-against the memory available then and where each side stops fitting. --quick runs tiny steps
+the estimate instead of running it (a measurement that dies anyway is reported as failed). At
+the end it prints, for every side and size, the estimate against the memory available then and
+where each side stops fitting. --quick runs tiny steps
 (1 timed SFT step, an update of 2 x 4 answers of 8 tokens, 8 new tokens generated) to prove the
 harness, not to measure. Results go to docs/performance.md by hand, with this command.
 """
@@ -381,7 +383,9 @@ def parse(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--sizes", default="1b,3b,8b", help="comma-separated: " + ", ".join(SHAPES))
+    p.add_argument(
+        "--sizes", default="1b,3b,8b", help="comma-separated: 1b, 3b, 8b (tiny: 2 layers, a try)"
+    )
     p.add_argument("--steps", type=int, default=4, help="timed SFT steps, after --warmup")
     p.add_argument("--warmup", type=int, default=2, help="untimed SFT steps first (>= 1)")
     p.add_argument("--threads", type=int, default=2)
