@@ -266,6 +266,7 @@ def worker(args) -> dict:
     import torch
 
     import retrograd.algorithms.agent_grpo as agent_grpo
+    import retrograd.sampling.backend as sampling_backend
     from retrograd.algorithms.persist import Sinks
     from retrograd.config import load_run
     from retrograd.observe import names
@@ -279,7 +280,7 @@ def worker(args) -> dict:
         made.append(forced(*a, **k))
         return made[-1]
 
-    agent_grpo.Sampler = sampler  # this process only
+    sampling_backend.Sampler = sampler  # this process only
     roll = agent_grpo.AgentRoller.roll
     again: list[dict] = []  # per timed update: the same rollouts, re-prefilled
 

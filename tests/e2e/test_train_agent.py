@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import retrograd.algorithms.agent_grpo as agent_grpo
+import retrograd.sampling.backend as sampling_backend
 from retrograd.cli.main import main
 from retrograd.config import load_run
 from retrograd.errors import DataError, TrainingError
@@ -146,7 +147,7 @@ def force(monkeypatch, script) -> list:
             seen.extend(s for grp in out for s in grp)
         return out
 
-    monkeypatch.setattr(agent_grpo, "Sampler", sampler)
+    monkeypatch.setattr(sampling_backend, "Sampler", sampler)
     monkeypatch.setattr(agent_grpo.AgentRoller, "roll", roll)
     return seen
 
@@ -383,7 +384,9 @@ def test_collect_keeps_verified_traces_that_sft_and_preference_read(
             return "no idea" if turn == 0 else "done"
         return call("write_file", path="answer.txt", content=str(i))
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
+    monkeypatch.setattr(
+        sampling_backend, "Sampler", lambda d, t, **settings: Scripted(d, t, script)
+    )
     run = write_run(tmp_path, chat_model, {"group_size": 4})
     out, report = tmp_path / "traces.jsonl", tmp_path / "report.json"
     assert main(["collect", str(run), "--out", str(out), "--report", str(report)]) == 0
@@ -424,7 +427,9 @@ def test_an_http_environment_with_step_rewards_and_an_mcp_server_trains(
             return [call("add", by=3), "done"][turn]
         return [call("calc__add", a=1, b=2), call("add", by=1), call("add", by=1), "stop"][turn]
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
+    monkeypatch.setattr(
+        sampling_backend, "Sampler", lambda d, t, **settings: Scripted(d, t, script)
+    )
     seen = []
     real = agent_grpo.drop_and_advantage
 
@@ -531,7 +536,9 @@ def test_the_reference_default_micro_batch_gives_the_whole_context_update(
 
     from tests.factories.agent_train import script
 
-    monkeypatch.setattr(agent_grpo, "Sampler", lambda d, t, **settings: Scripted(d, t, script))
+    monkeypatch.setattr(
+        sampling_backend, "Sampler", lambda d, t, **settings: Scripted(d, t, script)
+    )
     adapters, losses = [], []
     for micro in (None, 128):
         tmp = tmp_path / str(micro)

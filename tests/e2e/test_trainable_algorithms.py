@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import retrograd.algorithms.agent_grpo as agent_grpo
+import retrograd.sampling.backend as sampling_backend
 from retrograd.cli.main import main
 from retrograd.config import load_run
 from retrograd.gguf import GGUFFile
@@ -127,7 +128,7 @@ def test_agent_grpo_trains_a_partial_selection(tmp_path, monkeypatch):
     write "eeee", odd ones "abcd" (tests/factories/agent_train.py)."""
     from tests.factories.agent_train import scripted_sampler
 
-    monkeypatch.setattr(agent_grpo, "Sampler", scripted_sampler)
+    monkeypatch.setattr(sampling_backend, "Sampler", scripted_sampler)
     model = write_tiny(tmp_path / "agent.gguf", "gemma3", chat_template=AGENT_TEMPLATE)
     run = agent.write_run(
         tmp_path,

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-import retrograd.algorithms.agent_grpo as agent_grpo
+import retrograd.sampling.backend as sampling_backend
 from retrograd.cli.main import main
 from tests.factories.agents import Scripted, call
 
@@ -49,10 +49,11 @@ SCRIPTS = {"default": script, "hostile": hostile}
 
 
 def scripted_sampler(decoder, tokenizer, **settings):
-    """agent_grpo's Sampler(decoder, tokenizer, fast=, max_len=, generation_batch=), scripted."""
+    """The run's Sampler(decoder, tokenizer, fast=, max_len=, generation_batch=) (sampling/
+    backend.py), scripted."""
     return Scripted(decoder, tokenizer, SCRIPTS[os.environ.get("RETRO_AGENT_SCRIPT", "default")])
 
 
 if __name__ == "__main__":
-    agent_grpo.Sampler = scripted_sampler
+    sampling_backend.Sampler = scripted_sampler
     sys.exit(main(sys.argv[1:]))

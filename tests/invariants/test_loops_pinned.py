@@ -328,18 +328,20 @@ WRITERS = {
 
 
 @contextlib.contextmanager
-def pinned_process():
-    """One thread, compilation off, float32, the agent's forced turns; all put back after."""
-    import retrograd.algorithms.agent_grpo as agent_grpo
+def pinned_process(forced: bool):
+    """One thread, compilation off, float32, and with `forced` the agent's forced turns (the
+    run's sampler scripted); all put back after."""
+    import retrograd.sampling.backend as sampling_backend
 
     saved = {k: os.environ.get(k) for k in ("RETRO_THREADS", "RETRO_COMPILE", "RETRO_DTYPE")}
-    threads, sampler = torch.get_num_threads(), agent_grpo.Sampler
+    threads, sampler = torch.get_num_threads(), sampling_backend.Sampler
     os.environ.update(RETRO_THREADS="1", RETRO_COMPILE="0", RETRO_DTYPE="float32")
-    agent_grpo.Sampler = scripted_sampler
+    if forced:
+        sampling_backend.Sampler = scripted_sampler
     try:
         yield
     finally:
-        agent_grpo.Sampler = sampler
+        sampling_backend.Sampler = sampler
         torch.set_num_threads(threads)
         for k, v in saved.items():
             if v is None:
@@ -381,7 +383,7 @@ def run_loop(name: str, models: dict, tmp: Path) -> dict:
     cwd = Path.cwd()
     os.chdir(tmp)
     try:
-        with pinned_process():
+        with pinned_process(forced=name == "agent_grpo"):
             run = WRITERS[name](tmp, models)
             sinks = recording_sinks()
             loops[name](load_run(run), sinks=sinks, run_file=run)

@@ -6,11 +6,7 @@ inside a function; one under `if TYPE_CHECKING:` does not (read by attribute onl
 nothing). An import goes to its own package or a lower row; two packages of one row do not
 import each other; nothing inside the package imports the package root (the doors' facade).
 
-KNOWN lists the upward imports the tree still has, each as "importer -> imported". It may only
-shrink: the test fails on one not listed, and on a listed one that no longer exists (take it
-out in the commit that removes it). Circles have none left to list.
-
-Run as a script to print every import that crosses a layer:
+Run as a script to print every import that crosses a layer, and every circle:
     .venv/bin/python -m tests.unit.test_layers
 """
 
@@ -46,14 +42,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("server",),  # the run server
     ("cli",),  # the commands
     (ROOT,),  # the doors: load, load_tokenizer
-)
-
-# today's violations, "importer -> imported module"; only ever removed
-KNOWN = frozenset(
-    {
-        # a lower package reaching up
-        "rollout/backend.py -> retrograd.algorithms.context",  # the sampler factory
-    }
 )
 
 
@@ -214,9 +202,7 @@ def test_every_package_and_module_has_a_row():
 
 
 def test_no_import_runs_up_a_layer():
-    found = violations()
-    assert sorted(found - KNOWN) == [], "imports that run up a layer (DESIGN.md, Layers)"
-    assert sorted(KNOWN - found) == [], "gone: take these out of KNOWN"
+    assert sorted(violations()) == [], "imports that run up a layer (DESIGN.md, Layers)"
 
 
 def test_no_import_cycle():
@@ -240,7 +226,7 @@ def test_the_tarjan_pass_finds_a_circle_and_the_scan_sees_function_imports(tmp_p
 
 if __name__ == "__main__":
     for line in sorted(violations()):
-        print(line, "" if line in KNOWN else "(not in KNOWN)")
+        print(line)
     for circle in circles(graph()):
         print("circle:", " <-> ".join(circle))
     sys.exit(0)

@@ -123,7 +123,7 @@ class AgentRoller:
         workers: int = 16,
     ):
         if not hasattr(backend, "turns"):
-            from retrograd.rollout.backend import InProcessBackend
+            from retrograd.sampling.backend import InProcessBackend
 
             backend = InProcessBackend(backend)
         self.backend, self.chat, self.limits = backend, chat, limits

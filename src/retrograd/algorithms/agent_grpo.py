@@ -54,11 +54,10 @@ from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.optim import lr_at
 from retrograd.rollout import spread
-from retrograd.rollout.backend import InProcessBackend
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream
-from retrograd.sampling import Sampler
+from retrograd.sampling.backend import in_process
 
 log = logging.getLogger(__name__)
 # [agent] keys that change no step: a resumed run may change them
@@ -158,7 +157,7 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
     )
     rate, steps = tr.rate, total_steps(cfg)
     reference = context.reference(cfg, model, adapters)
-    backend = InProcessBackend(_sampler(cfg, model))
+    backend = in_process(model, training, _concurrency(cfg))
     ranks = spread.current_world()
     limits = Limits.of(a, training.ctx)
     roller = AgentRoller(
@@ -322,14 +321,11 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
 # -- rollouts, scores and records --------------------------------------------------------------
 
 
-def _sampler(cfg, model) -> Sampler:
-    """The run's sampler, its prompts prefilled in passes of the generation batch, derived from
-    the concurrency of an update's waves (every trajectory of it, up to 256) when not set."""
+def _concurrency(cfg) -> int:
+    """Trajectories sampled at once: [training].generation_concurrency, else an update's
+    (every trajectory of it, up to 256); the sampler's generation batch derives from it."""
     t, a = cfg.training, cfg.agent
-    concurrency = t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
-    return Sampler(
-        model.decoder, model.tokenizer, **context.sampler_settings(model, t, concurrency)
-    )
+    return t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
 
 
 # -- the update --------------------------------------------------------------------------------
@@ -444,9 +440,8 @@ def collect_groups(
         if cfg.lora is not None and cfg.lora.init_adapter:
             plan_of(model.decoder, cfg.lora, init_adapter=cfg.lora.init_adapter)
         chat = context.chat_format(model, a.template_variables)
-        sampler = _sampler(cfg, model)
         roller = AgentRoller(
-            sampler,
+            in_process(model, cfg.training, _concurrency(cfg)),
             chat,
             Limits.of(a, cfg.training.ctx),
             environment=arena.environment,

@@ -158,41 +158,6 @@ def check_fanout(training, algorithm: str) -> None:
         )
 
 
-LOGITS_BUDGET = 64 << 20  # bytes of output logits a generation batch may hold (formats.md §8.1)
-
-
-def generation_batch(training, n_vocab: int, concurrency: int) -> int:
-    """[training].generation_batch, or the reference's default (formats.md §8.1): the largest
-    batch whose output logits (n_vocab float32 a row) fit LOGITS_BUDGET, capped by ctx and
-    the engine's prefill chunk (512), then raised to the run's generation concurrency. The
-    sampler prefills each prompt in passes of that many positions."""
-    from retrograd.sampling.engine import PREFILL_CHUNK
-
-    if training.generation_batch is not None:
-        return training.generation_batch
-    rows = LOGITS_BUDGET // (4 * n_vocab)
-    return max(min(rows, training.ctx, PREFILL_CHUNK), concurrency)
-
-
-def sampler_settings(model: Model, training, concurrency: int) -> dict:
-    """The Sampler's keywords a run's [training] sets: fast_sampling_context and kv_dtype (the
-    cache), answers within ctx, prompts prefilled in passes of its generation batch."""
-    from retrograd.sampling.engine import run_settings
-
-    return {
-        **run_settings(training),
-        "max_len": training.ctx,
-        "generation_batch": generation_batch(training, model.config.n_vocab, concurrency),
-    }
-
-
-def sampler(model: Model, training, concurrency: int):
-    """The run's sampler (`sampler_settings`)."""
-    from retrograd.sampling import Sampler
-
-    return Sampler(model.decoder, model.tokenizer, **sampler_settings(model, training, concurrency))
-
-
 def check_same_tokenizer(model: Model, other: Model, where: str) -> None:
     """A reference or teacher must read and write the same token ids as the trained model."""
     from retrograd.errors import ConfigError

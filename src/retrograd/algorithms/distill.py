@@ -46,10 +46,10 @@ from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
 from retrograd.optim import lr_at
 from retrograd.rollout import spread
-from retrograd.rollout.backend import in_process
 from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, held_out, sample_groups
+from retrograd.sampling.backend import in_process
 from retrograd.sampling.params import SampleRequest, SamplingParams
 from retrograd.seeds import derive_seed
 

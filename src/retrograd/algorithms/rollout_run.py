@@ -16,7 +16,7 @@ from pathlib import Path
 from retrograd.algorithms import context, outputs, persist
 from retrograd.algorithms.evaluate import first_last
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.rollout.backend import RolloutBackend, in_process
+from retrograd.sampling.backend import RolloutBackend, in_process
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Built:
 def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> Built:
     """Everything that can be checked is checked before the model loads; then the model, the
     rendered prompts, the plan (any trainable mode), the optimizer and the rollout backend
-    (the in-process sampler, rollout/backend.py). `where`
+    (the in-process sampler, sampling/backend.py). `where`
     names the prompts key in errors ("[ppo].prompts"); `concurrency`, the loop's answers
     generated at once, raises the derived generation batch (context.generation_batch)."""
     training = cfg.training

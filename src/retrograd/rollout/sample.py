@@ -51,7 +51,7 @@ def sample_groups(
 ) -> list[Group]:
     """A group of `size` answers per (cursor, prompt), sampled in waves of at most
     `concurrency` answers (whole groups; a group's prompt is prefilled once) from the rollout
-    backend (rollout/backend.py; a Sampler has the same `generate`). `sampling` is a
+    backend (sampling/backend.py; a Sampler has the same `generate`). `sampling` is a
     [grpo.sampling]-shaped section (temperature, top_p, max_new_tokens, seed)."""
     params = SamplingParams(
         temperature=sampling.temperature,

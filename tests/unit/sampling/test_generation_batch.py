@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from retrograd.algorithms.context import LOGITS_BUDGET, check_fanout, generation_batch
+from retrograd.algorithms.context import check_fanout
 from retrograd.config.training import TrainingSection
 from retrograd.gguf import GGUFFile
 from retrograd.model.config import ModelConfig
+from retrograd.sampling.backend import LOGITS_BUDGET, generation_batch
 
 
 def vocab(path) -> int:

@@ -1,5 +1,6 @@
 """The rollout backend: what a rollout loop (GRPO, PPO, on-policy distillation, agentic GRPO)
-asks of whatever samples its answers, behind one small interface.
+asks of whatever samples its answers, behind one small interface; and the run's sampler,
+built from [training] (`sampler`, `in_process`).
 
 A loop hands the backend sampling requests (a prompt's token ids, the sampling settings, n and
 one seed per answer) and gets back, per request, n completions: the sampled token ids, their
@@ -20,12 +21,10 @@ finish reason and the decoded text. The contract every backend keeps (docs/distr
 - `close()` releases what the backend holds; the loops call it once, at the end.
 
 `InProcessBackend` is the sampler in this process (sampling/engine.py) on the training
-model's own decoder. A vLLM server backend (an OpenAI-compatible server with the GGUF
-plugin, the LoRA adapter reloaded in place under a fixed name after each update, the first
-update's log-probabilities compared with the training path's) would implement the same three
-methods; it is not built. Agentic GRPO's multi-turn rollouts keep keys and values between
-turns (`turns`): an in-process facility, which a server backend would replace by sending
-each turn's whole conversation.
+model's own decoder; a backend that samples elsewhere implements the same three methods
+(docs/distributed.md, "The rollout backend"). Agentic GRPO's multi-turn rollouts keep keys and
+values between turns (`turns`): an in-process facility, which another backend would replace
+by sending each turn's whole conversation.
 """
 
 from __future__ import annotations
@@ -33,7 +32,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from retrograd.sampling.engine import PREFILL_CHUNK, Sampler, run_settings
 from retrograd.sampling.params import Completion, SampleRequest
+
+LOGITS_BUDGET = 64 << 20  # bytes of output logits a generation batch may hold (formats.md §8.1)
 
 
 @runtime_checkable
@@ -83,9 +85,33 @@ class InProcessBackend:
         return None
 
 
-def in_process(model, training, concurrency: int) -> InProcessBackend:
-    """The run's in-process backend: context.sampler's settings ([training].fast_sampling_context,
-    kv_dtype, ctx, the generation batch derived from `concurrency`)."""
-    from retrograd.algorithms import context
+def generation_batch(training, n_vocab: int, concurrency: int) -> int:
+    """[training].generation_batch, or the reference's default (formats.md §8.1): the largest
+    batch whose output logits (n_vocab float32 a row) fit LOGITS_BUDGET, capped by ctx and
+    the engine's prefill chunk (512), then raised to the run's generation concurrency. The
+    sampler prefills each prompt in passes of that many positions."""
+    if training.generation_batch is not None:
+        return training.generation_batch
+    rows = LOGITS_BUDGET // (4 * n_vocab)
+    return max(min(rows, training.ctx, PREFILL_CHUNK), concurrency)
 
-    return InProcessBackend(context.sampler(model, training, concurrency))
+
+def sampler_settings(model, training, concurrency: int) -> dict:
+    """The Sampler's keywords a run's [training] sets: fast_sampling_context and kv_dtype (the
+    cache), answers within ctx, prompts prefilled in passes of its generation batch."""
+    return {
+        **run_settings(training),
+        "max_len": training.ctx,
+        "generation_batch": generation_batch(training, model.config.n_vocab, concurrency),
+    }
+
+
+def sampler(model, training, concurrency: int) -> Sampler:
+    """The run's sampler on the model's own decoder (`sampler_settings`); `concurrency`: how
+    many answers the loop samples at once (an update's, up to its cap)."""
+    return Sampler(model.decoder, model.tokenizer, **sampler_settings(model, training, concurrency))
+
+
+def in_process(model, training, concurrency: int) -> InProcessBackend:
+    """The run's in-process backend over `sampler`."""
+    return InProcessBackend(sampler(model, training, concurrency))
