@@ -9,21 +9,36 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from retrograd.agent.python_env import PythonEnvironment, VerifiedEnvironment
 from retrograd.agent.scenarios import ScenarioFile
-from retrograd.errors import DataError
+from retrograd.config.rules_agent import ENVIRONMENT_TWICE, VERIFY_WITHOUT_ENVIRONMENT
+from retrograd.errors import ConfigError, DataError
 from retrograd.rewards.judge import open_judge
 
 log = logging.getLogger(__name__)
 
 
 class Arena:
-    """The run's environment, MCP hub and judge, opened before the model loads."""
+    """The run's environment, MCP hub and judge, opened before the model loads.
 
-    def __init__(self, cfg, run_dir: Path):
+    `environment` and `verify` are what the Python API gives instead of keys (config
+    `supplied`): a caller's environment, in place of [agent.environment], and a verify
+    function grading every scenario's episodes (agent/python_env.py guards both)."""
+
+    def __init__(self, cfg, run_dir: Path, *, environment=None, verify=None):
         a = cfg.agent
-        self.environment = open_environment(a.environment, run_dir)
+        if environment is not None and a.environment is not None:
+            raise ConfigError(f"[agent.environment]: {ENVIRONMENT_TWICE}")
+        if environment is not None:
+            self.environment = PythonEnvironment(environment)
+        else:
+            self.environment = open_environment(a.environment, run_dir)
         self.mcp = None
         try:
+            if verify is not None:
+                if self.environment is None:
+                    raise ConfigError(f"[agent]: {VERIFY_WITHOUT_ENVIRONMENT}")
+                self.environment = VerifiedEnvironment(self.environment, verify)
             if a.mcp_servers or a.mcp_config:
                 from retrograd.agent.mcp import McpHub
 
@@ -51,11 +66,19 @@ class Arena:
                     )
 
     def signature(self) -> dict:
-        env = self.environment
+        """What a resumed run must act in again: the environment's kind (a caller's class by
+        its name), its tools, the MCP servers, and the name of a Python verify function."""
+        env, verify = self.environment, None
+        if isinstance(env, VerifiedEnvironment):
+            env, verify = env.inner, env.where
+        if isinstance(env, PythonEnvironment):
+            env = env.inner
         out: dict = {"environment": type(env).__name__ if env is not None else None}
         catalog = getattr(env, "tool_catalog", None)
         if catalog is not None:
             out["tools"] = catalog.signature()
+        if verify is not None:
+            out["verify"] = verify
         if self.mcp is not None:
             out["mcp"] = sorted(s.name for s in self.mcp.tools)
         return out

@@ -144,6 +144,7 @@ class Episode(ABC):
 
     tools: list[ToolSpec]  # the catalog offered to the policy (MCP tools are added beside it)
     opening: str | None = None  # an observation from reset, appended as a user turn
+    sandbox: Sandbox | None = None  # where its commands run, if anywhere (a verify's workspace)
 
     @abstractmethod
     def step(self, name: str, arguments: dict[str, Any]) -> Observation:

@@ -13,6 +13,12 @@ from retrograd.config.rule_base import Draft, issue, rule
 from retrograd.config.rules_algorithms import clip_order, group_fits
 
 LOCAL_ONLY = ("env", "cwd", "env_passthrough")
+# What the Python API supplies ("environment", "verify") against the file's tables.
+ENVIRONMENT_TWICE = "a Python environment is given too; remove the table or the Python environment"
+VERIFY_WITHOUT_ENVIRONMENT = (
+    "a Python verify function checks the episodes of an environment; declare an "
+    "[agent.environment] or give a Python environment"
+)
 REMOTE_ONLY = ("headers",)
 
 
@@ -160,18 +166,9 @@ def agent_rules(d: Draft) -> Iterator[Issue]:
             "needs an [agent.judge], an [agent.environment], or both, to score trajectories",
         )
     if python_env and a.environment is not None:
-        yield issue(
-            "agent.environment",
-            None,
-            "a Python environment is given too; remove the table or the Python environment",
-        )
+        yield issue("agent.environment", None, ENVIRONMENT_TWICE)
     if "verify" in d.supplied and not environment:
-        yield issue(
-            "agent",
-            None,
-            "a Python verify function checks the episodes of an environment; declare an "
-            "[agent.environment] or give a Python environment",
-        )
+        yield issue("agent", None, VERIFY_WITHOUT_ENVIRONMENT)
     if a.judge is None:
         for name in ("judge_failure", "drop_degenerate_groups"):
             if a.is_set(name):
