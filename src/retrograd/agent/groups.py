@@ -29,6 +29,13 @@ def seeds(agent, update: int, cursor: int, k: int) -> list[int]:
     return [derive_seed(agent.seed, SAMPLE, update, cursor, j) for j in range(k)]
 
 
+def concurrency(cfg) -> int:
+    """Trajectories sampled at once: [training].generation_concurrency, else an update's
+    (every trajectory of it, up to 256); the sampler's generation batch derives from it."""
+    t, a = cfg.training, cfg.agent
+    return t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
+
+
 def roll_waves(cfg, roller: AgentRoller, wanted: list[tuple[Scenario, list[int]]]):
     """Groups rolled in waves of at most generation_concurrency trajectories (whole groups)."""
     t = cfg.training

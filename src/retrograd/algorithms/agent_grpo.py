@@ -39,11 +39,11 @@ import numpy as np
 import torch
 
 from retrograd.agent.arena import Arena
-from retrograd.agent.groups import held_rewards, roll_and_score, roll_waves
+from retrograd.agent.groups import concurrency, held_rewards, roll_and_score
 from retrograd.agent.limits import Limits
 from retrograd.agent.rollout import AgentRoller
-from retrograd.agent.scenarios import ScenarioFile, read_scenarios
-from retrograd.agent.scores import USABLE, drop_and_advantage, score_groups
+from retrograd.agent.scenarios import read_scenarios
+from retrograd.agent.scores import USABLE, drop_and_advantage
 from retrograd.agent.trajectory import Trajectory
 from retrograd.algorithms import context, outputs, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
@@ -157,7 +157,7 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
     )
     rate, steps = tr.rate, total_steps(cfg)
     reference = context.reference(cfg, model, adapters)
-    backend = in_process(model, training, _concurrency(cfg))
+    backend = in_process(model, training, concurrency(cfg))
     ranks = spread.current_world()
     limits = Limits.of(a, training.ctx)
     roller = AgentRoller(
@@ -318,16 +318,6 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
     return result
 
 
-# -- rollouts, scores and records --------------------------------------------------------------
-
-
-def _concurrency(cfg) -> int:
-    """Trajectories sampled at once: [training].generation_concurrency, else an update's
-    (every trajectory of it, up to 256); the sampler's generation batch derives from it."""
-    t, a = cfg.training, cfg.agent
-    return t.generation_concurrency or min(a.scenarios_per_update * a.group_size, 256)
-
-
 # -- the update --------------------------------------------------------------------------------
 
 
@@ -417,52 +407,10 @@ def _measure(cfg, roller, held_file) -> dict | None:
     return reward_summary(held_rewards(cfg, roller, held_file))
 
 
-def collect_groups(
-    cfg, model_path, scenarios, k: int, seed: int, limit: int | None = None, run_dir=None
-):
-    """`retrograd collect` without --api: k trajectories per scenario from the local model
-    (and init_adapter), scored as training scores them; nothing trains. -> per scenario, its
-    trajectories. Scenario i is rolled out from seeds seed + i × k + j."""
-    from retrograd.model.model import load
-    from retrograd.trainable.plan import build_lora_plan as plan_of
-
-    a = cfg.agent
-    if isinstance(scenarios, ScenarioFile):
-        scenarios = scenarios.scenarios
-    scenarios = list(scenarios)[:limit] if limit else list(scenarios)
-    run_dir = Path(run_dir or Path(a.scenarios).parent)
-    arena = Arena(cfg, run_dir)
-    try:
-        env = arena.environment
-        if env is not None:
-            env.check_scenarios(scenarios)
-        model = load(model_path, device=cfg.model.device, threads=cfg.training.threads)
-        if cfg.lora is not None and cfg.lora.init_adapter:
-            plan_of(model.decoder, cfg.lora, init_adapter=cfg.lora.init_adapter)
-        chat = context.chat_format(model, a.template_variables)
-        roller = AgentRoller(
-            in_process(model, cfg.training, _concurrency(cfg)),
-            chat,
-            Limits.of(a, cfg.training.ctx),
-            environment=arena.environment,
-            mcp=arena.mcp,
-            generator_name=Path(model_path).name,
-        )
-        try:
-            wanted = [(s, [seed + i * k + j for j in range(k)]) for i, s in enumerate(scenarios)]
-            rolled = roll_waves(cfg, roller, wanted)
-            score_groups(cfg, arena, rolled, 0)
-        finally:
-            roller.close()
-        return [[s.traj for s in group] for group in rolled]
-    finally:
-        arena.close()
-
-
 def _first_last(values: list[float]) -> str:
     if not values:
         return "no update ran"
     return f"{values[0]:.4f} -> {values[-1]:.4f}"
 
 
-__all__ = ["Trajectory", "collect_groups", "run_agent_grpo"]
+__all__ = ["Trajectory", "run_agent_grpo"]

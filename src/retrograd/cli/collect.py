@@ -215,19 +215,61 @@ def _api(cfg, run_dir: Path, scenarios, k, seed, opts, out: Path, report: Path |
 def _local(
     cfg, run_dir: Path, scenarios, k, seed, limit, opts, out: Path, report: Path | None
 ) -> int:
-    try:
-        from retrograd.algorithms.agent_grpo import collect_groups
-    except ImportError:
-        raise ConfigError(
-            "collect without --api needs the local agentic rollout engine "
-            "(retrograd.algorithms.agent_grpo.collect_groups), which this build does not have "
-            "yet; use --api"
-        ) from None
     from retrograd.agent.collect import chat_check
 
     check = chat_check(_chat_format(cfg.model.path))
     groups = collect_groups(cfg, cfg.model.path, scenarios, k, seed, limit, run_dir=run_dir)
     return _write(groups, opts, check, out, report)
+
+
+def collect_groups(
+    cfg, model_path, scenarios, k: int, seed: int, limit: int | None = None, run_dir=None
+):
+    """`retrograd collect` without --api: k trajectories per scenario from the local model
+    (and init_adapter), scored as training scores them; nothing trains. -> per scenario, its
+    trajectories. Scenario i is rolled out from seeds seed + i × k + j."""
+    from retrograd.agent.arena import Arena
+    from retrograd.agent.groups import concurrency, roll_waves
+    from retrograd.agent.limits import Limits
+    from retrograd.agent.rollout import AgentRoller
+    from retrograd.agent.scenarios import ScenarioFile
+    from retrograd.agent.scores import score_groups
+    from retrograd.algorithms import context
+    from retrograd.model.model import load
+    from retrograd.sampling.backend import in_process
+    from retrograd.trainable.plan import build_lora_plan as plan_of
+
+    a = cfg.agent
+    if isinstance(scenarios, ScenarioFile):
+        scenarios = scenarios.scenarios
+    scenarios = list(scenarios)[:limit] if limit else list(scenarios)
+    run_dir = Path(run_dir or Path(a.scenarios).parent)
+    arena = Arena(cfg, run_dir)
+    try:
+        env = arena.environment
+        if env is not None:
+            env.check_scenarios(scenarios)
+        model = load(model_path, device=cfg.model.device, threads=cfg.training.threads)
+        if cfg.lora is not None and cfg.lora.init_adapter:
+            plan_of(model.decoder, cfg.lora, init_adapter=cfg.lora.init_adapter)
+        chat = context.chat_format(model, a.template_variables)
+        roller = AgentRoller(
+            in_process(model, cfg.training, concurrency(cfg)),
+            chat,
+            Limits.of(a, cfg.training.ctx),
+            environment=arena.environment,
+            mcp=arena.mcp,
+            generator_name=Path(model_path).name,
+        )
+        try:
+            wanted = [(s, [seed + i * k + j for j in range(k)]) for i, s in enumerate(scenarios)]
+            rolled = roll_waves(cfg, roller, wanted)
+            score_groups(cfg, arena, rolled, 0)
+        finally:
+            roller.close()
+        return [[s.traj for s in group] for group in rolled]
+    finally:
+        arena.close()
 
 
 def _chat_format(path):
