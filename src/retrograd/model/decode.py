@@ -4,27 +4,29 @@ A decode step with a few sequences is small work cut into many pieces: per layer
 matrix products over oneDNN-packed weights, the norms, rope, the one-token attention over
 the KV cache and the residual sums. Run one by one, those pieces cost more in dispatch than
 in arithmetic (Gemma 3 270M: ~0.87 ms a layer at 8 sequences, ~0.4 ms of it in products that
-read the weights from memory). `decode_layers` hands each layer to `torch.compile` as one
-function, so the element-wise work fuses into a few loops and PyTorch is entered once per
-layer (~0.6 ms a layer).
+read the weights from memory). `decode_layers` compiles the block's own step
+(model/block.py `layer_step`) whole, once per layer call, under `DecodeIO`: packed products,
+slice writes into the cache and `one_token_attention`, so the element-wise work fuses into a
+few loops and PyTorch is entered once per layer (~0.6 ms a layer).
 
-The arithmetic is the fused path's (`model/decoder.py`): float32 norms, rope and residual
-stream, bf16 products, float32 attention straight from the cache (`fast_decode`). It applies
-only where that path would run anyway: one new token per sequence, a 16-bit compute dtype on
-the CPU, packed weights (`packed_weights`), the fast decode context, no attention
-soft-capping; elsewhere the decoder runs layer by layer as before.
+It applies only where that arithmetic would run anyway (`applies`): one new token per
+sequence, a 16-bit compute dtype on the CPU, packed weights, the fast decode context of a
+compiling plan, a model whose layers are attention and a dense FFN without extra steps;
+elsewhere the decoder runs layer by layer. Knows the layer's parts and the packed weights;
+nothing about sampling.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from retrograd.compiled import fused
-from retrograd.model.attention import last_query_mask
+from retrograd.model.attention import last_query_mask, one_token_attention
+from retrograd.model.block import At, Layer, Mode, Shape, layer_step
 from retrograd.model.frozen import lower_packed_linear, onednn_packs, packable, packed_linear_op
-from retrograd.model.layers import rms_norm
-from retrograd.model.rope import apply_rope
+from retrograd.model.layers import finish
+
+graph_calls = 0  # layer steps run through the graph (tests count them)
 
 
 def model_reason(decoder) -> str | None:
@@ -65,9 +67,8 @@ def applies(decoder, ctx, T: int) -> bool:
 def decode_layers(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
     """x (B, 1, n_embd) float32 residual stream -> the last layer's output, same shape; writes
     each layer's new keys and values into the cache at slot ctx.start."""
-    cfg, dtype = decoder.cfg, ctx.dtype
-    B = x.shape[0]
-    S = ctx.start + 1
+    global graph_calls
+    B, S = x.shape[0], ctx.start + 1
     if S > ctx.cache.capacity:  # as KVCache.update says it
         raise ValueError(f"KV cache holds {ctx.cache.capacity} positions, {S} requested")
     masks, ropes = [], []  # global, then sliding window
@@ -75,126 +76,100 @@ def decode_layers(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
         masks.append(last_query_mask(mask, B))  # start > 0: the context always has a mask
         # (B, 1, n_rot/2) or (1, n_rot/2) -> (B, 1, n_rot/2)
         ropes.append((cos.expand(B, 1, cos.shape[-1]), sin.expand(B, 1, sin.shape[-1])))
-    consts = (
-        (cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v),
-        cfg.attn_scale,
-        cfg.arch.rope,
-        cfg.arch.ffn_act,
-    )
     lower_packed_linear()
-    h = x.view(B, -1)
+    shape = decoder.blk[0].shape
     for block in decoder.blk:
-        swa, fused, weights, norms, extras = _layer_args(block, dtype)
-        mask, (cos, sin) = masks[swa], ropes[swa]
+        cos, sin = ropes[block.swa]
         k_cache, v_cache = ctx.cache.k[block.il], ctx.cache.v[block.il]
-        h = _layer(h, k_cache, v_cache, mask, cos, sin, *weights, norms, extras, *fused, *consts)
-    return h.view(x.shape)
-
-
-def _layer_args(block, dtype: torch.dtype):
-    """(sliding window, fused projections, packed weights, norms, extras) of one block."""
-    parts = getattr(block, "_decode_parts", None)
-    if parts is None:  # NOTE: what never changes after loading, looked up once (per step,
-        # nn.Module attribute lookups cost ~0.3 ms for Gemma 3 270M's 18 layers)
-        if block.attn_qkv is not None:
-            attn = [block.attn_qkv]
-        else:
-            attn = [block.attn_q, block.attn_k, block.attn_v]
-        ffn = [block.ffn_up] if block.ffn_gate is None else [block.ffn_gate, block.ffn_up]
-        groups = (attn, [block.attn_output], ffn, [block.ffn_down])
-        norms = (
-            block.attn_norm,
-            block.attn_q_norm,
-            block.attn_k_norm,
-            block.post_attention_norm,
-            block.ffn_norm,
-            block.post_ffw_norm,
-        )
-        parts = block._decode_parts = (
-            (block.swa, (len(attn) == 1, len(ffn) == 1)),  # phi3: attn_qkv; gate+up in ffn_up
-            tuple(lin for g in groups for lin in g),
-            tuple([lin.frozen for lin in g] for g in groups),
-            tuple((None, 0.0) if n is None else (n.weight, n.eps) for n in norms),
-        )
-    (swa, fused), linears, frozen, norms = parts
-    cache = frozen[0][0].cache
-    packed = tuple(cache.packed(g, dtype) for g in frozen)
-    extras = tuple(_extras(lin) for lin in linears)
-    return swa, fused, packed, norms, None if all(e is None for e in extras) else extras
-
-
-def _extras(lin):
-    """(bias, lora A, lora B, lora scale) of a linear, or None when it has neither."""
-    lora = lin.lora if lin.lora is not None and lin.lora.enabled else None
-    if lora is None:
-        return None if lin.bias is None else (lin.bias, None, None, 1.0)
-    return (lin.bias, lora.lora_a, lora.lora_b, float(lora.scale))
-
-
-def _finish(x, y, extra):
-    """Linear.finish inside the graph: + bias, + scale * B (A x) (the LoRA's own rounding)."""
-    if extra is None:
-        return y
-    bias, a, b, scale = extra
-    if bias is not None:
-        y = y + bias.to(y.dtype)
-    if a is not None:
-        xa = x @ a.to(x.dtype).T
-        y = torch.addmm(y, xa.to(y.dtype), (b * scale).to(y.dtype).T)
-    return y
-
-
-def _norm(x, norm):
-    """rms_norm(x) in float32 with norm = (weight, eps); x in float32 where weight is None."""
-    w, eps = norm
-    return x.float() if w is None else rms_norm(x, w, eps)
+        layer = _layer(block, ctx.dtype)
+        x = _step(x, k_cache, v_cache, masks[block.swa], cos, sin, layer, shape, ctx.dtype)
+        graph_calls += 1
+    return x
 
 
 # NOTE: one compiled call per layer measured fastest; graphs of 6 or 18 layers ran slower.
+# Arguments are tensors, tuples and constants shared by every layer (no module), so one graph
+# serves them all.
 @fused(dynamic={0: (0,), 1: (0, 2), 2: (0, 2), 3: (0, 1), 4: (0,), 5: (0,)})
-def _layer(
-    x, k_cache, v_cache, mask, cos, sin, w_attn, w_o, w_ffn, w_down, norms, extras,
-    fused_qkv: bool, fused_up: bool, shape, scale: float, style: str, act: str,
-):  # fmt: skip
-    """One layer for one token per sequence: x (B, C) f32; caches (B, H_kv, capacity, D);
-    mask (B, S) with S = the new token's slot + 1; cos, sin (B, 1, n_rot/2)."""
-    n_attn, n_q, n_k, n_post, n_ffn, n_ffw = norms
-    H, H_kv, D, Dv = shape
-    B, dtype = x.shape[0], k_cache.dtype
-    S = mask.shape[1]
-    ex = iter(extras or (None,) * 7)
-    h = _norm(x, n_attn).to(dtype)
-    qkv = packed_linear_op(h, w_attn)
-    sizes = [H * D, H_kv * D, H_kv * Dv]
-    if fused_qkv:
-        q, k, v = _finish(h, qkv, next(ex)).split(sizes, -1)
-    else:
-        q, k, v = (_finish(h, y, next(ex)) for y in qkv.split(sizes, -1))
-    q = q.reshape(B, 1, H, D)
-    k = k.reshape(B, 1, H_kv, D)
-    q = (apply_rope(_norm(q, n_q), cos, sin, style) * scale).to(dtype)
-    k = apply_rope(_norm(k, n_k), cos, sin, style).to(dtype)
-    # NOTE: the slot as a slice bound (S - 1 : S) keeps S a variable of the compiled graph;
-    # an integer index would compile once per position.
-    k_cache[:, :, S - 1 : S] = k.view(B, H_kv, 1, D)
-    v_cache[:, :, S - 1 : S] = v.reshape(B, H_kv, 1, Dv).to(dtype)
-    keys, values = k_cache[:, :, :S].float(), v_cache[:, :, :S].float()
-    qg = q.view(B, H_kv, H // H_kv, D).float()
-    s = (qg[:, :, :, None, :] * keys[:, :, None]).sum(-1)  # (B, H_kv, g, S)
-    s = torch.where(mask[:, None, None, :], s, float("-inf"))
-    e = torch.exp(s - s.amax(-1, keepdim=True))
-    # NOTE: summing over the keys as an outer dimension (the values' rows) and normalizing
-    # after measured ~20 us a layer faster than softmax, then a sum over the inner dimension
-    o = (e.permute(0, 1, 3, 2)[..., None] * values[:, :, :, None, :]).sum(2)  # (B, H_kv, g, Dv)
-    o = (o / e.sum(-1)[..., None]).to(dtype).reshape(B, H * Dv)
-    x = x + _norm(_finish(o, packed_linear_op(o, w_o), next(ex)), n_post)
-    h = _norm(x, n_ffn).to(dtype)
-    gu = packed_linear_op(h, w_ffn)
-    if fused_up:
-        gate, up = _finish(h, gu, next(ex)).chunk(2, -1)
-    else:
-        gate, up = (_finish(h, y, next(ex)) for y in gu.chunk(2, -1))
-    g = gate.float()
-    g = F.gelu(g, approximate="tanh") if act == "gelu_tanh" else F.silu(g)
-    a = (g * up.float()).to(dtype)
-    return x + _norm(_finish(a, packed_linear_op(a, w_down), next(ex)), n_ffw)
+def _step(x, k_cache, v_cache, mask, cos, sin, layer: Layer, shape: Shape, dtype):
+    """x (B, 1, C) f32; caches (B, H_kv, capacity, D); mask (B, S) with S = the new token's
+    slot + 1; cos, sin (B, 1, n_rot/2)."""
+    at = At(mask, cos, sin, None, (k_cache, v_cache))
+    return layer_step(x, None, None, DecodeIO, layer, at, shape, Mode(dtype, True, True))[0]
+
+
+def _layer(block, dtype: torch.dtype) -> Layer:
+    """The block's parts for the graph: norms, and each projection group's packed weights with
+    its output sizes and the adapters and biases of its linears (read per step: adapters
+    switch on and off)."""
+    parts = getattr(block, "_decode_parts", None)
+    if parts is None:  # NOTE: what never changes after loading, looked up once (per step,
+        # nn.Module attribute lookups cost ~0.3 ms for Gemma 3 270M's 18 layers)
+        base = block.layer()
+        groups = (base.qkv, (base.out,), base.up, (base.down,))
+        parts = block._decode_parts = (base, groups, [[lin.frozen for lin in g] for g in groups])
+    base, groups, frozen = parts
+    cache = frozen[0][0].cache
+    handles = [
+        (cache.packed(f, dtype), tuple(w.shape[0] for w in f), tuple(_extras(lin) for lin in g))
+        for g, f in zip(groups, frozen, strict=True)
+    ]
+    return base._replace(qkv=handles[0], out=handles[1], up=handles[2], down=handles[3])
+
+
+def _extras(lin):
+    """(bias, adapter) of a linear, or None when it has neither."""
+    adapter = lin.adapter()
+    return None if lin.bias is None and adapter is None else (lin.bias, adapter)
+
+
+def _products(h, handle) -> list[torch.Tensor]:
+    """h (B, 1, n_in) -> the group's outputs (B, 1, n_out), each finished with its linear's
+    bias and adapter: one product over the group's packed weights."""
+    packed, sizes, extras = handle
+    x = h.view(h.shape[0], -1)
+    y = packed_linear_op(x, packed)  # (B, sum of sizes)
+    ys = y.split(list(sizes), -1) if len(sizes) > 1 else [y]
+    return [_finish(part, x, e).unsqueeze(1) for part, e in zip(ys, extras, strict=True)]
+
+
+def _finish(y, x, extra):
+    return y if extra is None else finish(y, x, *extra)
+
+
+class DecodeIO:
+    """How `layer_step` reads weights, writes the cache and attends inside the decode graph."""
+
+    @staticmethod
+    def qkv(h, handle, s: Shape):
+        ys = _products(h, handle)
+        if len(ys) == 1:  # one fused projection (phi3's attn_qkv)
+            q_len, kv_len = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+            return ys[0].split([q_len, kv_len, s.n_head_kv * s.head_dim_v], -1)
+        return ys
+
+    @staticmethod
+    def gate_up(h, handle):
+        ys = _products(h, handle)
+        return ys[0].chunk(2, -1) if len(ys) == 1 else ys  # phi3: gate and up fused
+
+    @staticmethod
+    def project(x, handle):
+        return _products(x, handle)[0]
+
+    @staticmethod
+    def write(k, v, at: At):
+        """Keys and values (B, H_kv, 1, D) into the cache at slot S - 1; -> [0, S)."""
+        k_cache, v_cache = at.cache
+        S = at.mask.shape[1]
+        # NOTE: the slot as a slice bound (S - 1 : S) keeps S a variable of the compiled graph;
+        # an integer index would compile once per position.
+        k_cache[:, :, S - 1 : S] = k
+        v_cache[:, :, S - 1 : S] = v.to(v_cache.dtype)
+        return k_cache[:, :, :S], v_cache[:, :, :S]
+
+    @staticmethod
+    def attend(q, k, v, mask, sinks, s: Shape):
+        B, H, _, D = q.shape
+        o = one_token_attention(q.reshape(B, s.n_head_kv, H // s.n_head_kv, D), k, v, mask)
+        return o.reshape(B, H, 1, v.shape[-1])

@@ -2,7 +2,10 @@
 
 `Decoder.blk[3].attn_q` is the module of `blk.3.attn_q.weight`, so tensor patterns in a run
 file match module paths and adapters export with no renaming. Differences between
-architectures come from `ModelConfig.arch` (a facts table), read once at construction.
+architectures come from `ModelConfig.arch` (a facts table), read once at construction. A
+layer and its step live in model/block.py; a decode step may run each layer as one compiled
+graph of that same step (model/decode.py). `ForwardContext` carries what every layer of one
+call reads, the compute plan's switches included.
 
 Precision: the residual stream, norms, rope, logits and soft-capping are float32; matmuls and
 attention run in `compute_dtype` (bfloat16 for speed, float32 for exactness). The decoder
@@ -14,313 +17,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from retrograd import compute
-from retrograd.compiled import fused
 from retrograd.model import decode
-from retrograd.model.attention import attention, repeat_kv
+from retrograd.model.block import Block, Mode
 from retrograd.model.config import ModelConfig
-from retrograd.model.families import FFNS, MIXERS
-from retrograd.model.frozen import FrozenTensor, frozen_linear, frozen_linear_group
+from retrograd.model.frozen import FrozenTensor, frozen_linear
 from retrograd.model.kv_cache import KVCache
-from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
-from retrograd.model.rope import apply_rope, rope_angles
-
-# The parts the built-in attention and dense FFN read as attributes (None when absent).
-STANDARD_PARTS = (
-    "attn_norm",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_qkv",
-    "attn_q_norm",
-    "attn_k_norm",
-    "attn_output",
-    "post_attention_norm",
-    "ffn_norm",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-    "post_ffw_norm",
-)
-
-
-def _set_module(root: nn.Module, name: str, module: nn.Module) -> None:
-    """root.<name> = module, dotted names through plain containers (shortconv.in_proj), so
-    that module paths stay GGUF tensor names."""
-    *path, last = name.split(".")
-    for piece in path:
-        child = getattr(root, piece, None)
-        if child is None:
-            child = nn.Module()
-            setattr(root, piece, child)
-        root = child
-    setattr(root, last, module)
-
-
-class Block(nn.Module):
-    """One transformer layer. Optional parts are None when the architecture lacks them."""
-
-    def __init__(self, cfg: ModelConfig, il: int, parts: dict[str, nn.Module | torch.Tensor]):
-        super().__init__()
-        self.cfg = cfg
-        self.il = il
-        self.swa = cfg.swa_layers[il]
-        self.mixer = cfg.layer_mixer[il] if cfg.layer_mixer else "attention"
-        self.ffn_kind = cfg.layer_ffn[il] if cfg.layer_ffn else "dense"
-        for name in STANDARD_PARTS:
-            setattr(self, name, None)
-        self._tensors: dict[str, str] = {}  # suffix -> buffer name
-        for name, part in parts.items():
-            if name == cfg.arch.ffn_norm_tensor:  # gpt-oss's post_attention_norm precedes the FFN
-                name = "ffn_norm"
-            if isinstance(part, nn.Module):
-                _set_module(self, name, part)
-            else:
-                buffer = name.replace(".", "__")
-                self.register_buffer(buffer, part.float(), persistent=False)
-                self._tensors[name] = buffer
-        self.act = ACTIVATIONS[cfg.arch.ffn_act]
-
-    def part(self, name: str):
-        """The layer's tensor or module of this GGUF suffix ("ssm_a", "shortconv.in_proj"),
-        or None when the file has none."""
-        if name in self._tensors:
-            return getattr(self, self._tensors[name])
-        module = self
-        for piece in name.split("."):
-            module = getattr(module, piece, None)
-            if module is None:
-                return None
-        return module
-
-    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        B, T, _ = h.shape
-        if self.attn_qkv is not None:
-            q_len, kv_len = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-            q, k, v = self.attn_qkv(h).split([q_len, kv_len, cfg.n_head_kv * cfg.head_dim_v], -1)
-        else:
-            q, k, v = _group(h, self.attn_q, self.attn_k, self.attn_v)
-        if cfg.arch.qk_norm_full:  # olmo2: one norm over all heads of q, one over k
-            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
-        q = q.view(B, T, cfg.n_head, -1)  # (B, T, H, D); (B, T, H, 2D) with a query gate
-        k = k.view(B, T, cfg.n_head_kv, cfg.head_dim)  # (B, T, H_kv, D)
-        v = v.view(B, T, cfg.n_head_kv, cfg.head_dim_v)
-        return q, k, v
-
-    def attention(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
-        """The attention sub-layer's output before its post-norm, in the compute dtype.
-        h: attn_norm(x) in the compute dtype when the caller has it already."""
-        cfg, dtype = self.cfg, ctx.dtype
-        q, k, v = self.qkv(_norm(self.attn_norm, x, dtype) if h is None else h)
-        gate = None
-        if cfg.arch.attn_output_gate:  # qwen35: each head's query, then its output gate
-            q, gate = q.chunk(2, dim=-1)
-        cos, sin = ctx.rope_swa if self.swa else ctx.rope
-        if cfg.layer_rope and not cfg.layer_rope[self.il]:  # smollm3: every 4th layer
-            cos = sin = None
-        qn, kn, style = self.attn_q_norm, self.attn_k_norm, cfg.arch.rope
-        if cfg.arch.qk_norm_full:  # applied in qkv
-            qn = kn = None
-        if ctx.fuse:
-            q, k = _prep_qk(q, k, qn, kn, cos, sin, style, cfg.attn_scale, dtype)
-        else:
-            q = _prep(q, *_weight_eps(qn), cos, sin, style, cfg.attn_scale, dtype)
-            k = _prep(k, *_weight_eps(kn), cos, sin, style, 1.0, dtype)
-        if ctx.q_temp is not None:  # mistral3: the temperature of each query's position
-            q = q * ctx.q_temp.to(dtype)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, H_kv, T, D)
-        v = v.to(dtype).transpose(1, 2)
-        if ctx.cache is not None:
-            k, v = ctx.cache.update(self.il, k, v, ctx.start)  # (B, H_kv, S, D)
-            k, v = k.to(dtype), v.to(dtype)  # a 16-bit sampling cache under an f32 compute path
-        mask = ctx.mask_swa if self.swa else ctx.mask
-        sinks = self.part("attn_sinks.weight") if cfg.arch.attn_sinks else None
-        if cfg.attn_softcap or sinks is not None:
-            o = _eager_attention(q, k, v, mask, cfg.attn_softcap, sinks)
-        else:
-            o = attention(q, k, v, mask, 1.0, ctx.plan.fast_decode)  # (B, H, T, D)
-        B, H, T, D = o.shape
-        o = o.transpose(1, 2).reshape(B, T, H * D)
-        if gate is not None:
-            o = o * torch.sigmoid(gate.float()).reshape(B, T, H * D).to(o.dtype)
-        return self.attn_output(o)
-
-    def ffn(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
-        """The feed-forward sub-layer's output before its post-norm, in the compute dtype.
-        h: ffn_norm(x) in the compute dtype when the caller has it already."""
-        h = _norm(self.ffn_norm, x, ctx.dtype) if h is None else h
-        if self.ffn_gate is None:  # fused gate and up (phi3)
-            gate, up = self.ffn_up(h).chunk(2, dim=-1)
-        else:
-            gate, up = _group(h, self.ffn_gate, self.ffn_up)
-        if ctx.fuse:
-            return self.ffn_down(_act_mul(gate, up, self.cfg.arch.ffn_act))
-        return self.ffn_down(self.act(gate, ctx.f16_gelu) * up)
-
-    def residual(self, x: torch.Tensor, y: torch.Tensor, norm: RMSNorm | None, fuse: bool):
-        """x + post_norm(y) in float32 (x + y without a post-norm; granite: x + y * scale)."""
-        if norm is None:
-            s = self.cfg.residual_scale
-            return x + (y.float() * s if s != 1.0 else y.float())
-        if fuse:
-            return _add_norm(_rows(x), _rows(y), norm.weight, norm.eps).view(x.shape)
-        return x + norm(y)
-
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        # NOTE: the class's step, not the instance's: FSDP2 wraps `step` of a sharded block
-        # in its gathers (model/fsdp2.py), which a call through forward already has.
-        return Block.step(self, x, ctx)[0]
-
-    def step(
-        self,
-        x: torch.Tensor,
-        ctx: ForwardContext,
-        h: torch.Tensor | None = None,
-        next_norm: RMSNorm | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (the layer's output, next_norm of it in the compute dtype, or None). h: this
-        layer's attn_norm(x) when the previous layer computed it. NOTE: each residual sum and
-        the norm that reads it run as one fused kernel: fewer calls per decoded token."""
-        y, post = self.mix(x, ctx, h), self.post_attention_norm
-        if self.ffn_kind == "none":  # mamba2: one sub-layer
-            return self._residual_norm(x, y, post, next_norm, ctx)
-        x, h = self._residual_norm(x, y, post, self.ffn_norm, ctx)
-        return self._residual_norm(
-            x, self.feed_forward(x, ctx, h), self.post_ffw_norm, next_norm, ctx
-        )
-
-    def mix(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
-        """The token mixer's output (attention, or the family's recurrent mixer)."""
-        if self.mixer == "attention":
-            return self.attention(x, ctx, h)
-        h = _norm(self.attn_norm, x, ctx.dtype) if h is None else h
-        return MIXERS[self.mixer](self, h, ctx)
-
-    def feed_forward(self, x: torch.Tensor, ctx: ForwardContext, h: torch.Tensor | None = None):
-        """The dense FFN, or the family's (a mixture of experts)."""
-        if self.ffn_kind == "dense":
-            return self.ffn(x, ctx, h)
-        h = _norm(self.ffn_norm, x, ctx.dtype) if h is None else h
-        return FFNS[self.ffn_kind](self, h, ctx)
-
-    def _residual_norm(self, x, y, post: RMSNorm | None, nxt: RMSNorm | None, ctx):
-        """(x + post(y), nxt(that) in the compute dtype or None)."""
-        if ctx.fuse and post is not None and nxt is not None:
-            w, eps = (post.weight, nxt.weight), (post.eps, nxt.eps)
-            x2, h = _add_norm_norm(_rows(x), _rows(y), *w, *eps, ctx.dtype)
-            return x2.view(x.shape), h.view(x.shape)
-        return self.residual(x, y, post, ctx.fuse), None
-
-
-def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
-    """The linears' outputs for one input, from one stacked product where `frozen_linear_group`
-    applies (packed while sampling, stacked in 16-bit compute), else one product each."""
-    if any(lin.weight is not None for lin in linears):  # a trained weight: its own product
-        return [lin(x) for lin in linears]
-    ys = frozen_linear_group(x, [lin.frozen for lin in linears])
-    if ys is None:
-        return [lin(x) for lin in linears]
-    return [lin.finish(x, y) for lin, y in zip(linears, ys, strict=True)]
-
-
-def _weight_eps(norm: RMSNorm | None) -> tuple[torch.Tensor | None, float]:
-    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
-
-
-def _norm(norm: RMSNorm | None, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """norm(x) in `dtype`: fused into one pass outside float32 (x itself without a norm)."""
-    if norm is None:
-        return x.to(dtype)
-    if dtype == torch.float32:
-        return norm(x)
-    return _norm_cast(_rows(x), norm.weight, norm.eps, dtype).view(x.shape)
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(..., C) -> (N, C). NOTE: the fused kernels see 2-D inputs whatever the batch and
-    sequence sizes, so each compiles for few shapes (PyTorch specializes sizes 0 and 1)."""
-    return x.reshape(-1, x.shape[-1])
-
-
-def _prep(x, norm_weight, eps: float, cos, sin, style: str, scale: float, dtype):
-    """Queries or keys (B, T, H, D): per-head norm (qk-norm), rope, scale -> `dtype`."""
-    if norm_weight is not None:
-        x = rms_norm(x, norm_weight, eps)
-    x = x.float() if cos is None else apply_rope(x, cos, sin, style)  # cos None: no rope
-    return (x * scale).to(dtype)
-
-
-@fused(dynamic={0: (1,), 1: (1,), 4: (0,), 5: (0,)})  # the rows
-def _prep_both(q, k, wq, wk, eps_q: float, eps_k: float, cos, sin, style: str, scale, dtype):
-    return (
-        _prep(q, wq, eps_q, cos, sin, style, scale, dtype),
-        _prep(k, wk, eps_k, cos, sin, style, 1.0, dtype),
-    )
-
-
-def _prep_qk(q, k, q_norm, k_norm, cos, sin, style: str, scale: float, dtype):
-    """_prep of queries and keys in one fused call, on the B * T rows as one sequence."""
-    B, T, H, D = q.shape
-    if cos is not None and cos.dim() == 2:  # shared positions (T, n_rot/2)
-        cos, sin = cos.expand(B, T, -1), sin.expand(B, T, -1)
-    flat = lambda a: None if a is None else a.reshape(B * T, a.shape[-1])  # noqa: E731
-    (wq, eq), (wk, ek) = _weight_eps(q_norm), _weight_eps(k_norm)
-    qf, kf = q.reshape(1, B * T, H, D), k.reshape(1, B * T, *k.shape[2:])
-    q, k = _prep_both(qf, kf, wq, wk, eq, ek, flat(cos), flat(sin), style, scale, dtype)
-    return q.view(B, T, H, D), k.view(B, T, *k.shape[2:])
-
-
-@fused(dynamic={0: (0,)})
-def _norm_cast(x, weight, eps: float, dtype):
-    return rms_norm(x, weight, eps).to(dtype)
-
-
-@fused(dynamic={0: (0,), 1: (0,)})
-def _add_norm(x, y, weight, eps: float):
-    return x + rms_norm(y, weight, eps)
-
-
-@fused(dynamic={0: (0,), 1: (0,)})
-def _add_norm_norm(x, y, w_post, w_next, eps_post: float, eps_next: float, dtype):
-    """x + post_norm(y), and the next norm of that sum in `dtype`."""
-    x = x + rms_norm(y, w_post, eps_post)
-    return x, rms_norm(x, w_next, eps_next).to(dtype)
-
-
-def _act_mul(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    """act(gate) * up in the compute dtype, computed in float32 in one fused pass."""
-    return _act_mul_rows(_rows(gate), _rows(up), act).view(gate.shape)
-
-
-@fused(dynamic={0: (0,), 1: (0,)})
-def _act_mul_rows(gate, up, act: str):
-    g = gate.float()
-    g = F.gelu(g, approximate="tanh") if act == "gelu_tanh" else F.silu(g)
-    return (g * up.float()).to(gate.dtype)
-
-
-def _eager_attention(q, k, v, mask, cap: float = 0.0, sinks=None) -> torch.Tensor:
-    """Attention in float32 with what SDPA has no hook for: tanh soft-capped scores (gemma2),
-    and sinks (gpt-oss, (H,)): one logit per head that joins every softmax and is dropped
-    after it, so that a query's weights on the keys sum to less than one."""
-    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
-    scores = q.float() @ k.float().transpose(-1, -2)  # (B, H, T, S)
-    if cap:
-        scores = torch.tanh(scores / cap) * cap
-    B, H, T, S = scores.shape
-    if mask is None:
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
-        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :S]
-        return (probs @ v.float()).to(q.dtype)
-    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+from retrograd.model.layers import Linear, RMSNorm
+from retrograd.model.rope import rope_angles
 
 
 class ForwardContext:
@@ -347,6 +54,7 @@ class ForwardContext:
         self.valid = None if key_mask is None else key_mask[:, start : start + T]
         # NOTE: float32 is the exactness path: plain eager operations, as the oracle tests saw
         self.fuse = dtype != torch.float32 if self.plan.fuse is None else self.plan.fuse
+        self.mode = Mode(dtype, self.fuse, False, f16_gelu)
         if positions is None:  # shared by the batch: cache slot = position
             positions = torch.arange(start, start + T, device=device)  # (T,)
         self.rope = _angles(
@@ -432,7 +140,7 @@ class Decoder(nn.Module):
         self.checkpointing: tuple[int, torch.dtype] | None = None
         self.base_trained = False  # a Linear reads a trained weight (trainable/base.py)
         self.plan: compute.ComputePlan | None = None  # what it was loaded by (model/loader.py)
-        # Blocks sharded by FSDP2 (model/fsdp2.py): a block's weights exist whole only
+        # Blocks sharded by FSDP2 (distributed/fsdp2.py): a block's weights exist whole only
         # within its own pass, so no block may read the next one's norm ahead of time.
         self.sharded = False
 

@@ -20,8 +20,9 @@ from retrograd.errors import GGUFError
 from retrograd.gguf import GGUFFile, TensorInfo
 from retrograd.model import decode
 from retrograd.model.arch import FLOAT_PARTS
+from retrograd.model.block import Block
 from retrograd.model.config import ModelConfig
-from retrograd.model.decoder import Block, Decoder
+from retrograd.model.decoder import Decoder
 from retrograd.model.dequant import check_supported, dequantize
 from retrograd.model.device import available_memory
 from retrograd.model.frozen import DenseCache, FrozenTensor

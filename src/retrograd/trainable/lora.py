@@ -64,15 +64,6 @@ class LoRA(nn.Module):
         a, b = self.lora_a.to(x.dtype), self.lora_b.to(x.dtype)
         return (x @ a.T) @ b.T * self.scale  # (..., n_out)
 
-    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """y + forward(x) in y's dtype, with the scale folded into B and the sum done by the
-        second matmul (addmm): two fewer passes over (tokens x n_out) per adapted linear."""
-        a = self.lora_a.to(x.dtype)
-        b = (self.lora_b * self.scale).to(y.dtype)
-        xa = x.reshape(-1, x.shape[-1]) @ a.T  # (N, r)
-        out = torch.addmm(y.reshape(-1, y.shape[-1]), xa.to(y.dtype), b.T)
-        return out.view(y.shape)
-
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}"
 

@@ -1,4 +1,5 @@
-"""A decode step as one compiled graph per layer equals the layer-by-layer fused path."""
+"""A decode step through the compiled graph of the block's own step equals the same step run
+layer by layer."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.factories.adapters import write_adapter
 
 B, PROMPT, STEPS = 3, 7, 5  # decoding past the tiny gemma3's sliding window of 8
 FAST = compute.SamplingPlan().forward(True, compute.ForwardPlan())  # the fast context's overlay
+EAGER = compute.SamplingPlan().forward(True, compute.ForwardPlan(compile=False))
 # The graph reads oneDNN-packed bf16 weights, which oneDNN makes only on CPUs with bf16
 # instructions; elsewhere the decoder runs layer by layer (the last test here checks that).
 needs_packing = pytest.mark.skipif(
@@ -22,7 +24,9 @@ needs_packing = pytest.mark.skipif(
 )
 
 
-def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor], KVCache]:
+def _decode(
+    m, ids: torch.Tensor, pad: torch.Tensor, plan=FAST
+) -> tuple[list[torch.Tensor], KVCache]:
     """Prefill left-padded prompts, then decode STEPS tokens; -> hidden states of each step."""
     dec = m.decoder
     cap = PROMPT + STEPS
@@ -31,7 +35,7 @@ def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor]
     positions = (slots[None, :] - pad[:, None]).clamp_min(0)
     cache = KVCache.empty(dec.cfg, B, cap, torch.bfloat16, dec.device)
     out = []
-    with torch.no_grad(), compute.using(FAST):
+    with torch.no_grad(), compute.using(plan):
         dec(ids[:, :PROMPT], 0, cache, key_mask[:, :PROMPT], positions[:, :PROMPT])
         for t in range(PROMPT, cap):
             h = dec(ids[:, t : t + 1], t, cache, key_mask[:, : t + 1], positions[:, t : t + 1])
@@ -44,10 +48,10 @@ def _decode(m, ids: torch.Tensor, pad: torch.Tensor) -> tuple[list[torch.Tensor]
     "name, adapter",
     [("gemma3", False), ("gemma3", True), ("llama3", False), ("qwen2", True), ("phi3", True)],
 )
-def test_decode_graph_equals_the_layer_by_layer_path(
-    tiny_model, tmp_path, monkeypatch, name, adapter
-):
-    """qwen2: projection biases; phi3: fused qkv and gate-up; adapters on every projection."""
+def test_decode_graph_equals_the_layer_by_layer_path(tiny_model, tmp_path, name, adapter):
+    """qwen2: projection biases; phi3: fused qkv and gate-up; adapters on every projection.
+    The plain twin: the same fast context without compiling (RETRO_COMPILE=0), every layer
+    stepped eagerly."""
     path = tiny_model(name)
     m = retrograd.load(path, device="cpu", dtype=torch.bfloat16)
     assert m.decoder.token_embd.cache.enabled
@@ -71,15 +75,11 @@ def test_decode_graph_equals_the_layer_by_layer_path(
     ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
     pad = torch.tensor([0, 2, 4])
 
-    calls = []
-    layer = decode._layer
-    monkeypatch.setattr(decode, "_layer", lambda *a: calls.append(1) or layer(*a))
+    before = decode.graph_calls
     graph, graph_cache = _decode(m, ids, pad)
-    assert len(calls) == STEPS * m.decoder.cfg.n_layer  # every decode step took the graph
-
-    monkeypatch.setattr(decode, "applies", lambda *a: False)
-    plain, plain_cache = _decode(m, ids, pad)
-    assert len(calls) == STEPS * m.decoder.cfg.n_layer
+    assert decode.graph_calls - before == STEPS * m.decoder.cfg.n_layer  # every step took it
+    plain, plain_cache = _decode(m, ids, pad, EAGER)
+    assert decode.graph_calls - before == STEPS * m.decoder.cfg.n_layer
     # the same float32 arithmetic fused differently: float32 rounding, and now and then one
     # bf16 step (2^-8 relative) where the two orders land on either side of a rounding
     pairs = list(zip(graph, plain, strict=True))
@@ -126,14 +126,12 @@ def test_without_bf16_packing_bf16_decoding_runs_layer_by_layer(tiny_model, monk
     request: nothing is packed, no graph is taken, the numbers are the plain path's."""
     monkeypatch.setattr(frozen, "_onednn", lambda dtype: dtype != torch.bfloat16)
     m = retrograd.load(tiny_model("gemma3"), device="cpu", dtype=torch.bfloat16)
-    calls = []
-    layer = decode._layer
-    monkeypatch.setattr(decode, "_layer", lambda *a: calls.append(1) or layer(*a))
+    before = decode.graph_calls
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
     pad = torch.tensor([0, 2, 4])
     packed, _ = _decode(m, ids, pad)
-    assert calls == []
+    assert decode.graph_calls == before
     with monkeypatch.context() as mp:
         mp.setattr(frozen, "packable", lambda *a: False)
         plain, _ = _decode(m, ids, pad)
@@ -148,13 +146,13 @@ def test_the_decode_graph_has_no_graph_break(tiny_model, monkeypatch, name):
     dispatch cost the graph exists to save."""
     m = retrograd.load(tiny_model(name), device="cpu", dtype=torch.bfloat16)
     seen = []
-    layer = decode._layer
-    monkeypatch.setattr(decode, "_layer", lambda *a: seen.append(a) or layer(*a))
+    step = decode._step
+    monkeypatch.setattr(decode, "_step", lambda *a: seen.append(a) or step(*a))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, m.decoder.cfg.n_vocab, (B, PROMPT + STEPS), generator=g)
     _decode(m, ids, torch.tensor([0, 2, 4]))
     assert seen, "no decode step took the graph"
     torch._dynamo.reset()  # explain traces afresh
-    explained = torch._dynamo.explain(layer.eager)(*seen[-1])
+    explained = torch._dynamo.explain(step.eager)(*seen[-1])
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
