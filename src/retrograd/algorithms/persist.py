@@ -1,8 +1,9 @@
 """What a loop leaves behind: metrics, checkpoints, resume and the final output.
 
-Every loop (sft.py, grpo.py) calls these functions at fixed points with its own records: a
-`Mark` says where the loop stands (what a checkpoint keeps of its position), a trajectory dict
-what of its section changes the steps, a values dict its metrics. This module maps them to
+Every loop (sft, preference, grpo, ppo, distill, agent_grpo) calls these functions at fixed
+points with its own records: a `Mark` says where the loop stands (what a checkpoint keeps of
+its position), a trajectory dict what of its section changes the steps, a values dict its
+metrics. This module maps them to
 observe/ (progress, TensorBoard, W&B), checkpoint/ (.state directories) and gguf/ (the adapter
 export). It reads the shared sections ([training], [lora], [checkpoint], [metrics], [output]),
 never an algorithm's own section, and knows no training math.

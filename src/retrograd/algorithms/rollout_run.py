@@ -1,7 +1,8 @@
 """The frame the prompt-driven reward loops (ppo, grpo) share around their updates: what is
 built and checked before the first one, the sinks' start, the result record, the held-out
-measure, and the export and summary after the last one. agent_grpo, whose rollouts act on
-scenarios in a world, builds its own frame and shares only `open_observe`.
+measure, and the export and summary after the last one. agent_grpo (whose rollouts act on
+scenarios in an arena) and on-policy distillation build their own frames; agent_grpo shares
+`open_observe`.
 
 It reads the shared sections ([training], [lora], [evaluation], [output]) and the prompt file
 the loop names; the loop keeps its own section, its phases, its positions and its settings.

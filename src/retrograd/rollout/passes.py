@@ -1,5 +1,5 @@
 """The forward passes that score an update's sampled answers, shared by the rollout loops
-(GRPO, on-policy distillation): which answers go together in one pass, and their per-token
+(GRPO, PPO, on-policy distillation, agentic GRPO): which answers go together in one pass, and their per-token
 log-probabilities under a decoder (the policy, the reference or a teacher).
 
 An answer is scored as a row (its prompt + its ids), or, with shared_prefix_fanout, several
