@@ -13,6 +13,7 @@ import torch
 import retrograd
 from retrograd import compute, environ
 from retrograd.errors import ConfigError
+from tests.factories.run_files import write_run_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,29 +90,10 @@ def test_a_run_installs_its_plan_and_prints_it(tiny_model, tmp_path, capsys, mon
 
     monkeypatch.setenv("RETRO_COMPILE", "0")
     (tmp_path / "data.txt").write_text("the cat sat on the mat. the dog sat on the log.\n")
-    run = tmp_path / "run.toml"
-    run.write_text(
-        f"""
-[run]
-algorithm = "sft"
-[model]
-path = "{tiny_model("llama")}"
-device = "cpu"
-[output]
-path = "out/adapter.gguf"
-[lora]
-rank = 2
-targets = ["q", "v"]
-[training]
-lr = 0.005
-ctx = 32
-micro_batch = 16
-threads = 1
-fast_sampling_context = false
-[sft]
-data = "data.txt"
-"""
-    )
+    training = {"lr": 0.005, "ctx": 32, "micro_batch": 16, "threads": 1}
+    training["fast_sampling_context"] = False
+    tables = {"training": training, "sft": {"data": "data.txt"}}
+    run = write_run_file(tmp_path, "sft", tiny_model("llama"), tables)
     assert main(["train", str(run)]) == 0
     out = capsys.readouterr().out
     assert "compute: 1 threads ([training].threads)" in out
