@@ -1,12 +1,16 @@
 """Retrograd: fine-tune and reinforcement-train GGUF models as they are.
 
-Public API (docs/python.md): `load` opens a model, `load_tokenizer` a vocabulary alone.
-Importing this package imports nothing heavy; torch loads on first use.
+Public API (docs/python.md): `load` opens a model, `load_tokenizer` a vocabulary alone,
+`list_backends` reports the devices and dtypes this process can train on, and the
+configuration classes (`RunConfig` and one class per table of a run file: `LoraSection`,
+`GrpoSection`, ... as `retrograd.config` has them). Importing this package imports nothing
+heavy: a name is imported when it is first used (pydantic for the configuration, torch when a
+model loads or the backends are listed).
 """
 
 import os as _os
 
-from retrograd.version import __version__
+from retrograd.version import __version__ as __version__
 
 # NOTE: PyTorch's CPU allocator backs buffers of 2 MiB and more with transparent huge pages
 # when this is set before its first allocation (it reads it once, so importing torch before
@@ -24,6 +28,36 @@ from retrograd.threads import apply_wait_policy as _apply_wait_policy  # noqa: E
 _apply_wait_policy()
 
 
+BACKENDS = ("list_backends", "Backend")
+EAGER = ("__version__", "load", "load_tokenizer")
+
+
+def __getattr__(name):
+    """The names imported when first used: list_backends and Backend, and the configuration
+    classes of retrograd.config (RunConfig, LoraSection, GrpoSection, ...)."""
+    if name in BACKENDS:
+        import retrograd.model.device as module
+    elif name == "__all__":
+        return [*EAGER, *BACKENDS, *_config_names()]
+    elif name[:1].isupper() and name in _config_names():
+        import retrograd.config as module
+    else:
+        raise AttributeError(f"module 'retrograd' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *BACKENDS, *_config_names()})
+
+
+def _config_names() -> list[str]:
+    import retrograd.config
+
+    return [cls.__name__ for cls in retrograd.config.CLASSES]
+
+
 def load(path, device="auto", dtype=None, adapter=None, threads=None, cache="auto"):
     from retrograd.trainable.lora import load_adapted
 
@@ -34,6 +68,3 @@ def load_tokenizer(path):
     from retrograd.tokenizer import load_tokenizer as _load_tokenizer
 
     return _load_tokenizer(path)
-
-
-__all__ = ["__version__", "load", "load_tokenizer"]

@@ -2,7 +2,8 @@
 
 Knows torch's device queries; applies the thread count retrograd/threads.py chooses; nothing
 about models.
-`probe_device` answers without importing torch, for metadata-only commands.
+`probe_device` answers without importing torch, for metadata-only commands; `list_backends`
+reports every device this process could train on, with the dtypes it computes in.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ctypes
 import ctypes.util
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -169,10 +171,116 @@ def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
+    return _meminfo("MemAvailable:")
+
+
+# -- what this process can train on ---------------------------------------------------------
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One device training can run on, as `list_backends` reports it."""
+
+    device: str  # the [model].device / load(device=) word that selects its kind: cpu or gpu
+    name: str  # torch's device: "cpu", "cuda:0"
+    description: str  # the processor: the CPU's model name, the GPU's
+    dtypes: tuple[str, ...]  # compute dtypes a matrix product runs in here, float32 first
+    default_dtype: str  # what load(dtype=None) computes in (RETRO_DTYPE honoured)
+    fast_bf16: bool  # bfloat16 products run on bf16 hardware (AMX / AVX512-BF16, a bf16 GPU)
+    memory_bytes: int  # the device's memory (the machine's for the CPU); 0 when unknown
+    available_bytes: int  # what could be allocated now; 0 when unknown
+    auto: bool  # device="auto" picks this one
+
+
+def list_backends() -> list[Backend]:
+    """The CPU, then each GPU PyTorch sees (cuda:0, cuda:1, ...). Imports torch; on a GPU
+    machine it starts CUDA (a context on each device)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if gpu_available() else 0
+    out = [_cpu_backend(auto=gpus == 0)]
+    out += [_gpu_backend(torch.device("cuda", i), auto=i == 0) for i in range(gpus)]
+    return out
+
+
+def _cpu_backend(auto: bool) -> Backend:
+    import torch
+
+    cpu = torch.device("cpu")
+    return Backend(
+        device="cpu",
+        name="cpu",
+        description=_cpu_name(),
+        dtypes=_runs(cpu),
+        default_dtype=_dtype_name(default_dtype(cpu)),
+        fast_bf16=cpu_has_fast_bf16(),
+        memory_bytes=_meminfo("MemTotal:"),
+        available_bytes=available_memory(cpu),
+        auto=auto,
+    )
+
+
+def _gpu_backend(device: torch.device, auto: bool) -> Backend:
+    import torch
+
+    with torch.cuda.device(device):
+        props = torch.cuda.get_device_properties(device)
+        bf16 = torch.cuda.is_bf16_supported()
+        return Backend(
+            device="gpu",
+            name=str(device),
+            description=props.name,
+            dtypes=_runs(device),
+            default_dtype=_dtype_name(default_dtype(device)),
+            fast_bf16=bool(bf16),
+            memory_bytes=int(props.total_memory),
+            available_bytes=available_memory(device),
+            auto=auto,
+        )
+
+
+def _runs(device: torch.device) -> tuple[str, ...]:
+    """The dtypes a small matrix product runs in on `device` (float32 always)."""
+    import torch
+
+    found = []
+    for name in DTYPE_NAMES:
+        dtype = parse_dtype(name, device)
+        try:
+            a = torch.ones(4, 4, dtype=dtype, device=device)
+            ok = bool(torch.isfinite((a @ a).float()).all())
+        except (RuntimeError, TypeError):
+            ok = False
+        if ok:
+            found.append(name)
+    return tuple(found)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _meminfo(key: str) -> int:
+    """A /proc/meminfo line's bytes ("MemTotal:", "MemAvailable:"); 0 where there is none."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
