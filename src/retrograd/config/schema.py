@@ -38,7 +38,8 @@ def _require_replaceable_keys(schema: dict[str, Any]) -> None:
         keys = getattr(cls, "SUPPLIED_BY", {})
         node = schema.get("$defs", {}).get(cls.__name__)
         if keys and node is not None:
-            node["required"] = sorted({*node.get("required", ()), *keys})
+            required = {*node.get("required", ()), *keys}
+            node["required"] = [name for name in cls.model_fields if name in required]
 
 
 def _refused_sections(algorithm: str) -> dict[str, Any]:
