@@ -222,7 +222,7 @@ def validate_run(
     draft.supplied = _supplied(supplied)
     found += _presence(draft)
     found += _replaceable_keys(draft)
-    found += _model_overrides(draft, model, device)
+    found += _model_overrides(draft, model, device, python=source is None)
     if "run" in draft.sections and not draft.failed & {"run", "training"}:
         found += run_rules(draft)
     if found:
@@ -322,7 +322,9 @@ def _presence(d: Draft) -> list[Issue]:
     return found
 
 
-def _model_overrides(d: Draft, model: str | Path | None, device: str | None) -> list[Issue]:
+def _model_overrides(
+    d: Draft, model: str | Path | None, device: str | None, python: bool = False
+) -> list[Issue]:
     section = d.sections.get("model")
     if section is None:
         return []
@@ -336,7 +338,8 @@ def _model_overrides(d: Draft, model: str | Path | None, device: str | None) -> 
     if update:
         d.sections["model"] = section.model_copy(update=update)
     if d.sections["model"].path is None:
-        return [issue("model", "path", "required: set it in the file or pass --model")]
+        where = "give ModelSection(path=...)" if python else "set it in the file or pass --model"
+        return [issue("model", "path", f"required: {where}")]
     return []
 
 

@@ -360,3 +360,14 @@ def test_the_configuration_example_of_the_python_page_runs(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/python.md", "exec"), {})
     assert RunConfig.from_toml(tmp_path / "run.toml").grpo.group_size == 8
+
+
+def test_an_empty_run_config_names_what_it_needs_in_python_words():
+    assert python_lines(lambda: RunConfig()) == [
+        "[run]: required",
+        "[output]: required",
+        "[model].path: required: give ModelSection(path=...)",
+    ]
+    assert "[model].path: required: set it in the file or pass --model" in file_lines(
+        run_doc(model={"path": None})
+    )
