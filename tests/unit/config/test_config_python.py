@@ -371,3 +371,17 @@ def test_an_empty_run_config_names_what_it_needs_in_python_words():
     assert "[model].path: required: set it in the file or pass --model" in file_lines(
         run_doc(model={"path": None})
     )
+
+
+def test_loading_never_goes_through_the_python_constructors():
+    """pydantic calls a model's own __init__ for nested tables unless it is marked as its base
+    one: marked, a file's problems are collected from every section at once, and building a
+    RunConfig inside validate_run does not recurse into the loader."""
+    for cls in (*section_classes(), RunConfig):
+        assert cls.__pydantic_custom_init__ is False, cls
+    doc = run_doc("grpo", grpo={"group_size": 1, "sampling": {"seed": -1}}, lora={"rank": 0})
+    assert file_lines(doc) == [
+        "[lora].rank = 0: must be at least 1",
+        "[grpo].group_size = 1: must be at least 2",
+        "[grpo.sampling].seed = -1: must be at least 0",
+    ]
