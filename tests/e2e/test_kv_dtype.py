@@ -141,10 +141,10 @@ def test_exact_sampling_keeps_a_float32_cache_whatever_kv_dtype_says(
 
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 def test_bench_chat_and_serve_sample_with_the_runs_kv_dtype(kv, caches, tmp_path, chat_model):
-    """`bench` of a grpo run, and the sampler `chat` and `serve` load (serve/weights.py)."""
+    """`bench` of a grpo run, and the sampler `chat` and `serve` load (openai_app/weights.py)."""
     from retrograd.config import load_run
+    from retrograd.openai_app.weights import load_for_generation
     from retrograd.sampling import SampleRequest, SamplingParams
-    from retrograd.serve.weights import load_for_generation
 
     expected = {torch.bfloat16} if kv == "f16" else {torch.float32}
     run = grpo.write_run(tmp_path, chat_model, training={"kv_dtype": kv})

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 import retrograd
-from retrograd.serve import app as serve_app
-from retrograd.serve.weights import Loaded
+from retrograd.openai_app import app as serve_app
+from retrograd.openai_app.weights import Loaded
 from retrograd.tokenizer import ChatFormat, chat_template
-from tests.unit.serve.scripted import ScriptedBatch
+from tests.unit.openai_app.scripted import ScriptedBatch
 
 WEATHER = {
     "type": "function",

@@ -58,7 +58,7 @@ class RunServer:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RETRO_COMPILE": "0"}
         if self.token is not None:
             env["RETROGRAD_SERVER_TOKEN"] = self.token
-        argv, sock = [sys.executable, "-m", "retrograd.cli.server", str(self.config)], None
+        argv, sock = [sys.executable, "-m", "retrograd.cli.run_server", str(self.config)], None
         if self.event_queue is not None or self.send_buffer is not None:
             sock = socket.socket()
             if self.send_buffer is not None:

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoint",),  # .state dirs, run save and restore, ranks' dcp, export
     ("sampling", "rewards"),  # sampler and backends; reward programs, judges
     ("rollout",),  # records, streams, passes, shaping, spread, metrics
-    ("agent", "serve"),  # scenarios, tools, environments; `retrograd serve`'s app
+    ("agent", "openai_app"),  # scenarios, tools, environments; `retrograd serve`'s app
     ("algorithms",),  # the loops and what they share
     ("server",),  # the run server
     ("cli",),  # the commands

@@ -59,7 +59,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
-    from retrograd.serve.weights import load_for_generation, resolve_adapter
+    from retrograd.openai_app.weights import load_for_generation, resolve_adapter
 
     cfg = load_run(args.config, model=args.model, device=args.device)
     _check(args)
@@ -110,9 +110,9 @@ class Chat:
         return [(None, self.loaded.adapter is not None)]
 
     def answer(self, text: str) -> None:
+        from retrograd.openai_app.weights import set_adapter
         from retrograd.sampling import SampleRequest, SamplingParams
         from retrograd.seeds import SAMPLE, derive_seed
-        from retrograd.serve.weights import set_adapter
 
         self.history.append({"role": "user", "content": text})
         prompt = self.prompt()

@@ -22,7 +22,7 @@ import sys
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError
-from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
+from retrograd.openai_app import MAX_QUEUE, MAX_SEQUENCES
 from retrograd.server.config import is_loopback
 
 
@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from retrograd.config import load_run
-    from retrograd.serve.weights import load_for_generation, resolve_adapter
+    from retrograd.openai_app.weights import load_for_generation, resolve_adapter
 
     cfg = load_run(args.config, model=args.model, device=args.device)
     if not is_loopback(args.host) and not args.api_key:
@@ -116,7 +116,7 @@ def serve(
 ) -> int:
     import uvicorn
 
-    from retrograd.serve.app import create_app
+    from retrograd.openai_app.app import create_app
 
     app = create_app(
         loaded, name, api_key=api_key, max_sequences=max_sequences, max_queue=max_queue

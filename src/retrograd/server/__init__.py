@@ -3,7 +3,7 @@
 config.py reads the server's TOML. app.py builds the FastAPI app and its discovery routes;
 routes_runs.py (create, list, control, ask a live run), routes_events.py (SSE, metrics),
 routes_artifacts.py (artifacts, signed links, checkpoints, trajectories) and
-routes_datasets.py add theirs; serving.py the OpenAI routes; ui.py the web page (web/: plain
+routes_datasets.py add theirs; openai_routes.py the OpenAI routes; ui.py the web page (web/: plain
 HTML, ES modules and CSS, one module a view under web/features/). documents.py turns a client's
 run document into a run; store.py keeps run.json and events.jsonl; runner.py starts and
 commands the runs' processes, each one child.py running the loop of `retrograd train`;

@@ -24,8 +24,8 @@ from retrograd.server.events import QUEUE, Hub
 from retrograd.server.guard import Guard, install_handlers
 from retrograd.server.links import Links
 from retrograd.server.model_files import ModelFiles
+from retrograd.server.openai_routes import CHAT, Serving, model_routes
 from retrograd.server.runner import Runs
-from retrograd.server.serving import CHAT, Serving, model_routes
 from retrograd.server.store import RunStore
 from retrograd.version import __version__
 

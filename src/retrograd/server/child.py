@@ -278,8 +278,8 @@ class LiveModel:
 
     def complete(self, data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) of an OpenAI chat request, answered as `retrograd serve` does."""
-        from retrograd.serve import protocol as proto
-        from retrograd.serve.app import sample_request
+        from retrograd.openai_app import protocol as proto
+        from retrograd.openai_app.app import sample_request
 
         self._ready()
         try:
@@ -296,8 +296,8 @@ class LiveModel:
         return 200, proto.completion_body(req.model, message, finish or answer.finish_reason, usage)
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        from retrograd.openai_app.weights import set_adapter
         from retrograd.sampling import SampleRequest, SamplingParams
-        from retrograd.serve.weights import set_adapter
 
         self._ready()
         model = self.model

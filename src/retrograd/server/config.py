@@ -27,7 +27,7 @@ from retrograd.config.judge import CommandJudge, RulerJudge
 from retrograd.config.load import parse_toml
 from retrograd.config.report import issues_from_pydantic
 from retrograd.errors import ConfigError
-from retrograd.serve.local import is_loopback
+from retrograd.openai_app.local import is_loopback
 
 DEFAULT_BIND = "127.0.0.1:8471"
 TOKEN_ENV = "RETROGRAD_SERVER_TOKEN"

@@ -78,7 +78,7 @@ def source(fork: Any, store, server) -> tuple[Path, dict[str, Any] | None, str]:
 
 
 def _adapter(record: RunRecord, checkpoint: str | None) -> Path | None:
-    from retrograd.server.serving import _exports, _final, _latest
+    from retrograd.server.openai_routes import _exports, _final, _latest
 
     if checkpoint is None:
         return _final(record) or _latest(record)

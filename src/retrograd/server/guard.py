@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd import nesting
 from retrograd.errors import RetrogradError
-from retrograd.serve.local import from_this_machine
+from retrograd.openai_app.local import from_this_machine
 from retrograd.server.links import Links
 from retrograd.server.problems import (
     MEDIA_TYPE,

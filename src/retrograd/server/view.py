@@ -3,7 +3,7 @@
 The viewer is the static page every [observe] directory holds (docs/observe.md); this serves
 the directory read-only (GET and HEAD) on a loopback address, so that a browser on this
 machine can open it by URL and follow a live run by reloading. It has no token: it answers
-only requests from this machine (serve/local.py: a loopback Host, no Origin of another page,
+only requests from this machine (openai_app/local.py: a loopback Host, no Origin of another page,
 so that no web page can read the rollouts). It refuses other addresses, a folder without the
 viewer, and knows nothing about runs. A served run's rollouts are browsed in
 the web page under `/` (ui.py); this is for an [observe] directory without a server.
@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 
 from retrograd.errors import ConfigError
-from retrograd.serve.local import from_this_machine
+from retrograd.openai_app.local import from_this_machine
 from retrograd.server.config import is_loopback, split_bind
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from retrograd.algorithms import table
 from retrograd.cli import main as cli
-from retrograd.cli import server
+from retrograd.cli import run_server as server
 from retrograd.cli.bench import BENCHES
 from retrograd.cli.profile import PROFILED
 

@@ -87,7 +87,7 @@ def test_config_schema_command_is_fast_and_torch_free():
     # (2 s at a load of 14 on 2 cores), the CPU time does not. The command takes about 0.25 s
     # of CPU; importing torch alone takes over 1 s.
     code = (
-        "import sys, time; t = time.process_time(); from retrograd.cli.server import main;"
+        "import sys, time; t = time.process_time(); from retrograd.cli.run_server import main;"
         "import retrograd.config; rc = main(['config-schema', '--compact']);"
         "print('torch' in sys.modules, time.process_time() - t, file=sys.stderr); sys.exit(rc)"
     )
@@ -102,7 +102,7 @@ def test_config_schema_command_is_fast_and_torch_free():
 
 
 def test_config_schema_help_and_output_file(tmp_path):
-    from retrograd.cli.server import main
+    from retrograd.cli.run_server import main
 
     out = tmp_path / "schema.json"
     assert main(["config-schema", "-o", str(out)]) == 0

@@ -116,7 +116,7 @@ def test_flags_override_the_file(tmp_path):
 
 def test_help_openapi_and_schema_import_no_torch():
     code = (
-        "import sys, io, contextlib; from retrograd.cli.server import main\n"
+        "import sys, io, contextlib; from retrograd.cli.run_server import main\n"
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out): rc = main(['openapi', '--compact'])\n"
         "print(rc, 'torch' in sys.modules, out.getvalue(), end='')"
@@ -127,7 +127,7 @@ def test_help_openapi_and_schema_import_no_torch():
     paths = json.loads(document)["paths"]
     assert {"/v1/runs", "/v1/runs/{run_id}/events", "/v1/health"} <= set(paths)
     done = subprocess.run(
-        [sys.executable, "-m", "retrograd.cli.server", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "retrograd.cli.run_server", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0 and "openapi" in done.stdout and "--state-dir" in done.stdout
 
@@ -140,7 +140,7 @@ def test_a_required_mcp_server_that_cannot_connect_stops_startup(tmp_path, capfd
     working = f'[[mcp_server]]\nid = "tools"\ncommand = ["{sys.executable}", "{SCRIPT}"]\n'
     broken = '[[mcp_server]]\nid = "broken"\ncommand = ["false"]\n'
     optional = '[[mcp_server]]\nid = "maybe"\ncommand = ["false"]\nrequired = false\n'
-    from retrograd.cli.server import main
+    from retrograd.cli.run_server import main
     from retrograd.server.mcp_check import check_required_mcp
 
     config = load(tmp_path, working + optional)

@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from retrograd.cli.server import main
+from retrograd.cli.run_server import main
 
 
 def test_view_serves_the_viewer_read_only_on_loopback(tmp_path, capsys):
@@ -15,7 +15,7 @@ def test_view_serves_the_viewer_read_only_on_loopback(tmp_path, capsys):
     (tmp_path / "feed").mkdir()
     (tmp_path / "feed" / "index.json").write_text('{"updates": []}')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "retrograd.cli.server", "view", str(tmp_path)],
+        [sys.executable, "-m", "retrograd.cli.run_server", "view", str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -332,10 +332,10 @@ def test_against_retrograd_serve(gemma_path, monkeypatch, tmp_path):
 
     import retrograd
     from retrograd.gguf import GGUFFile
-    from retrograd.serve.app import create_app
-    from retrograd.serve.weights import Loaded
+    from retrograd.openai_app.app import create_app
+    from retrograd.openai_app.weights import Loaded
     from retrograd.tokenizer import ChatFormat, chat_template
-    from tests.unit.serve.scripted import ScriptedBatch, serving
+    from tests.unit.openai_app.scripted import ScriptedBatch, serving
 
     tok = retrograd.load_tokenizer(gemma_path)
     chat = ChatFormat(tok, chat_template(tok, GGUFFile(gemma_path).metadata))
@@ -366,13 +366,13 @@ def test_against_retrograd_serve_on_a_tiny_model(monkeypatch, tmp_path):
     import torch
 
     import retrograd
+    from retrograd.openai_app.app import create_app
+    from retrograd.openai_app.weights import Loaded
     from retrograd.sampling import Sampler
-    from retrograd.serve.app import create_app
-    from retrograd.serve.weights import Loaded
     from retrograd.tokenizer import ChatFormat, chat_template
     from tests.e2e.test_train_sft import CHAT_TEMPLATE
     from tests.factories.tiny_gguf import write_tiny
-    from tests.unit.serve.scripted import serving
+    from tests.unit.openai_app.scripted import serving
 
     # a random model fills every explanation to its bound: keep them short
     monkeypatch.setattr("retrograd.rewards.ruler.prompt.GUIDED_EXPLANATION_CHARS", 16)

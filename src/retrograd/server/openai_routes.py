@@ -5,7 +5,7 @@ A model id names a run and which of its adapters to apply: `@final` the adapter 
 resume would pick, `@base` none. A bare `RUN_ID` is the live weights while the run's process
 lives (answered by that process at its next boundary, in one piece), then its final adapter
 (else its latest checkpoint's). Other answers come from `retrograd serve`'s own app
-(serve/app.py), built for one model at a time in this process and dropped after
+(openai_app/app.py), built for one model at a time in this process and dropped after
 `[serving].idle_seconds` or when another model is asked for. Errors are OpenAI's JSON, not problem+json. Only runs that train a LoRA adapter
 are served. Nothing here imports torch until a chat request loads a model.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from starlette.responses import JSONResponse, StreamingResponse
 
 from retrograd import nesting
-from retrograd.serve.errors import ApiError, model_entry, too_deep
+from retrograd.openai_app.errors import ApiError, model_entry, too_deep
 from retrograd.server.problems import Problem
 from retrograd.server.runner import LIVE, Runs
 from retrograd.server.store import RunRecord, RunStore
@@ -186,10 +186,10 @@ class Serving:
 
 
 def _build(target: Target):
-    """serve/app.py's app over the run's model with the target's adapter, named by its id."""
+    """openai_app/app.py's app over the run's model with the target's adapter, named by its id."""
     from retrograd.config import validate_run
-    from retrograd.serve.app import create_app
-    from retrograd.serve.weights import load_for_generation
+    from retrograd.openai_app.app import create_app
+    from retrograd.openai_app.weights import load_for_generation
 
     record = target.run
     cfg = validate_run(record.document, source=f"run {record.id}", base_dir=record.base_dir)
@@ -289,7 +289,7 @@ class ChatCompletions:
 
 async def _one_piece(body: dict, data: dict):
     """A whole answer as OpenAI's stream: the role, the message, the finish, the usage."""
-    from retrograd.serve import protocol as proto
+    from retrograd.openai_app import protocol as proto
 
     base = proto.chunk_base(body["model"])
     choice = body["choices"][0]

@@ -26,13 +26,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retrograd import nesting
 from retrograd.errors import RetrogradError
+from retrograd.openai_app import MAX_QUEUE, MAX_SEQUENCES
+from retrograd.openai_app import protocol as proto
+from retrograd.openai_app.local import from_this_machine
+from retrograd.openai_app.protocol import ApiError
+from retrograd.openai_app.worker import Busy, Worker
 from retrograd.sampling import SampleRequest, SamplingParams
 from retrograd.sampling.batch import LiveBatch
-from retrograd.serve import MAX_QUEUE, MAX_SEQUENCES
-from retrograd.serve import protocol as proto
-from retrograd.serve.local import from_this_machine
-from retrograd.serve.protocol import ApiError
-from retrograd.serve.worker import Busy, Worker
 
 MAX_BODY_BYTES = 4 << 20
 BASE_ID = "base"

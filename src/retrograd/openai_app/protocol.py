@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrograd import nesting
 from retrograd.errors import DataError
+from retrograd.openai_app.errors import ApiError, model_entry, too_deep  # noqa: F401 - re-exported
 from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
-from retrograd.serve.errors import ApiError, model_entry, too_deep  # noqa: F401 - re-exported
 from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
 

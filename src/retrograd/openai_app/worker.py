@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from retrograd.openai_app.weights import set_adapter
 from retrograd.sampling import Completion, SampleRequest
 from retrograd.sampling.batch import Entry, LiveBatch
-from retrograd.serve.weights import set_adapter
 
 
 class Busy(Exception):

@@ -1,6 +1,6 @@
 """serve's queue, weights, streaming, disconnects and request edges, without a model.
 
-The app runs under uvicorn with a scripted batch (tests/unit/serve/scripted.py) in place of
+The app runs under uvicorn with a scripted batch (tests/unit/openai_app/scripted.py) in place of
 the model's live batch, driven by the openai SDK and raw HTTP: what serve does around
 generation, not generation itself (tests/e2e/test_serve.py runs the real model).
 """
@@ -18,10 +18,10 @@ import torch
 from openai import OpenAI
 
 import retrograd
-from retrograd.serve.app import create_app
-from retrograd.serve.weights import Loaded
+from retrograd.openai_app.app import create_app
+from retrograd.openai_app.weights import Loaded
 from retrograd.tokenizer import ChatFormat, chat_template
-from tests.unit.serve.scripted import ScriptedBatch, serving
+from tests.unit.openai_app.scripted import ScriptedBatch, serving
 
 HI = [{"role": "user", "content": "Hi"}]
 
