@@ -21,6 +21,10 @@ RETRO_DEVICE_SAMPLING=0 samples on the host, RETRO_DEVICE_LOGPROBS=0 computes lo
 the host in float64, RETRO_FAST_TOP_P=0 sorts the whole vocabulary for every nucleus row (the
 same tokens, slower: the top candidates are searched first by default, select.py).
 
+`TokenChooser` is the part that does not know the decoder: a request's rows (seeds, budgets,
+stops) and the choice of tokens and their log-probabilities from any logits; the llama.cpp
+rollout backend (llamacpp.py) samples by it too, so both backends draw by one rule.
+
 The sampler knows the tokenizer only for end-of-generation ids and stop strings; it knows
 nothing about chat templates or HTTP.
 """
@@ -79,36 +83,27 @@ def sampling_plan(decoder) -> SamplingPlan:
     return plan.sampling
 
 
-class Sampler:
+class TokenChooser:
+    """The rows of a request's answers and the choice of their tokens from logits: what every
+    sampler shares whatever computes the logits (this module's decoder, llama.cpp in
+    sampling/llamacpp.py). Knows the tokenizer for end-of-generation ids, stop strings and
+    grammars; nothing about models."""
+
     def __init__(
         self,
-        decoder,
         tokenizer,
-        fast: bool = True,
         max_len: int | None = None,
+        plan: SamplingPlan | None = None,
         device_sampling: bool | None = None,
         device_logprobs: bool | None = None,
         fast_top_p: bool | None = None,
-        generation_batch: int = PREFILL_CHUNK,
-        kv_dtype: str = "f16",
-        plan: SamplingPlan | None = None,
     ):
         """max_len: the context (prompt plus answer) an answer may fill; None = no limit.
-        generation_batch: prompt positions per prefill pass (at least 1). kv_dtype: the fast
-        context's cache, "f16" or "f32" (`cache_dtype`). plan: the compute plan's sampling
-        switches (by default the ones the decoder was loaded by); device_sampling,
-        device_logprobs and fast_top_p override it."""
-        if generation_batch < 1:
-            raise ValueError(f"generation_batch = {generation_batch}: must be at least 1")
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype = {kv_dtype!r}: must be one of {', '.join(KV_DTYPES)}")
-        self.decoder = decoder
-        self.cache_kind = kv_dtype
-        self.generation_batch = generation_batch
+        plan: the compute plan's sampling switches (default the environment's);
+        device_sampling, device_logprobs and fast_top_p override it."""
         self.tokenizer = tokenizer
-        self.fast = fast
         self.max_len = max_len
-        self.plan = plan or sampling_plan(decoder)
+        self.plan = plan or compute.ComputePlan.of(environ.read()).sampling
         self.device_sampling = (
             self.plan.device_sampling if device_sampling is None else device_sampling
         )
@@ -125,42 +120,6 @@ class Sampler:
         if self._table is None:
             self._table = TokenTable(self.tokenizer)
         return self._table
-
-    @property
-    def kv_dtype(self) -> torch.dtype:
-        """The dtype of every KV cache this sampler builds (`cache_dtype`)."""
-        return cache_dtype(self.decoder.compute_dtype, self.fast, self.cache_kind)
-
-    def context(self) -> contextlib.ExitStack:
-        """Where generation runs: the compute plan's overlay for this precision (fused
-        one-token attention in the fast context; packed weights, `SamplingPlan.forward`)."""
-        stack = contextlib.ExitStack()
-        if not self.fast:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        stack.enter_context(compute.using(self.plan.forward(self.fast, compute.current())))
-        return stack
-
-    @torch.no_grad()
-    def generate(
-        self,
-        requests: list[SampleRequest],
-        on_text: Callable[[int, str], None] | None = None,
-    ) -> list[list[Completion]]:
-        """Answers per request, in order. on_text(answer, delta) streams text as it is decided;
-        answers are numbered across requests in order."""
-        starts = [0, *itertools.accumulate(r.n for r in requests)]  # first answer of each
-        out: list[list[Completion]] = [[] for _ in requests]
-        batch = LiveBatch(self, max(1, starts[-1]))
-        for o, (req, base) in enumerate(zip(requests, starts[:-1], strict=True)):
-            text = None
-            if on_text is not None:
-                text = lambda j, delta, base=base: on_text(base + j, delta)  # noqa: E731
-            batch.add(req, text, lambda answers, o=o: out.__setitem__(o, answers))
-        while batch.step():
-            pass
-        return out
 
     def make_rows(self, request: SampleRequest, entry: object = None) -> list[Row]:
         """The rows of a request's answers; ValueError when the prompt leaves nothing to do."""
@@ -198,31 +157,6 @@ class Sampler:
 
     def _piece(self, token: int) -> bytes:
         return self.tokenizer.token_to_piece(token, special=False)
-
-    def prefill(self, prompts, capacity):
-        """Left-padded prefill of the unique prompts -> cache, last-row logits (P, V), key mask."""
-        dec, dev = self.decoder, self.decoder.device
-        P, width = len(prompts), max(len(p) for p in prompts)
-        pad = torch.tensor([width - len(p) for p in prompts], device=dev)  # (P,)
-        ids = torch.zeros(P, width, dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, device=dev)
-        slots = torch.arange(capacity, device=dev)
-        key_mask = slots[None, :] >= pad[:, None]  # (P, capacity): False on padding
-        positions = (slots[None, :width] - pad[:, None]).clamp_min(0)  # (P, width)
-        padded = bool(pad.any())
-        cache = KVCache.empty(dec.cfg, P, capacity, self.kv_dtype, dev)
-        chunk = self.generation_batch
-        for c in range(0, width, chunk):
-            e = min(c + chunk, width)
-            h = dec(
-                ids[:, c:e],
-                start=c,
-                cache=cache,
-                key_mask=key_mask[:, :e] if padded else None,
-                positions=positions[:, c:e] if padded else None,
-            )  # (P, T, n_embd)
-        return cache, dec.head(h[:, -1], float32=False), key_mask
 
     def choose(self, live: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Next token of every live row and its log-probability; rows under a grammar take
@@ -286,3 +220,99 @@ class Sampler:
         if lp is None:
             lp = token_logprobs_host(logits, temp, tokens)
         return lp.tolist()
+
+
+class Sampler(TokenChooser):
+    """Batched prefill and decode on our own decoder (the module docstring)."""
+
+    def __init__(
+        self,
+        decoder,
+        tokenizer,
+        fast: bool = True,
+        max_len: int | None = None,
+        device_sampling: bool | None = None,
+        device_logprobs: bool | None = None,
+        fast_top_p: bool | None = None,
+        generation_batch: int = PREFILL_CHUNK,
+        kv_dtype: str = "f16",
+        plan: SamplingPlan | None = None,
+    ):
+        """max_len: the context (prompt plus answer) an answer may fill; None = no limit.
+        generation_batch: prompt positions per prefill pass (at least 1). kv_dtype: the fast
+        context's cache, "f16" or "f32" (`cache_dtype`). plan: the compute plan's sampling
+        switches (by default the ones the decoder was loaded by); device_sampling,
+        device_logprobs and fast_top_p override it."""
+        if generation_batch < 1:
+            raise ValueError(f"generation_batch = {generation_batch}: must be at least 1")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype = {kv_dtype!r}: must be one of {', '.join(KV_DTYPES)}")
+        super().__init__(
+            tokenizer, max_len, plan or sampling_plan(decoder), device_sampling,
+            device_logprobs, fast_top_p,
+        )  # fmt: skip
+        self.decoder = decoder
+        self.cache_kind = kv_dtype
+        self.generation_batch = generation_batch
+        self.fast = fast
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of every KV cache this sampler builds (`cache_dtype`)."""
+        return cache_dtype(self.decoder.compute_dtype, self.fast, self.cache_kind)
+
+    def context(self) -> contextlib.ExitStack:
+        """Where generation runs: the compute plan's overlay for this precision (fused
+        one-token attention in the fast context; packed weights, `SamplingPlan.forward`)."""
+        stack = contextlib.ExitStack()
+        if not self.fast:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        stack.enter_context(compute.using(self.plan.forward(self.fast, compute.current())))
+        return stack
+
+    @torch.no_grad()
+    def generate(
+        self,
+        requests: list[SampleRequest],
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[list[Completion]]:
+        """Answers per request, in order. on_text(answer, delta) streams text as it is decided;
+        answers are numbered across requests in order."""
+        starts = [0, *itertools.accumulate(r.n for r in requests)]  # first answer of each
+        out: list[list[Completion]] = [[] for _ in requests]
+        batch = LiveBatch(self, max(1, starts[-1]))
+        for o, (req, base) in enumerate(zip(requests, starts[:-1], strict=True)):
+            text = None
+            if on_text is not None:
+                text = lambda j, delta, base=base: on_text(base + j, delta)  # noqa: E731
+            batch.add(req, text, lambda answers, o=o: out.__setitem__(o, answers))
+        while batch.step():
+            pass
+        return out
+
+    def prefill(self, prompts, capacity):
+        """Left-padded prefill of the unique prompts -> cache, last-row logits (P, V), key mask."""
+        dec, dev = self.decoder, self.decoder.device
+        P, width = len(prompts), max(len(p) for p in prompts)
+        pad = torch.tensor([width - len(p) for p in prompts], device=dev)  # (P,)
+        ids = torch.zeros(P, width, dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, device=dev)
+        slots = torch.arange(capacity, device=dev)
+        key_mask = slots[None, :] >= pad[:, None]  # (P, capacity): False on padding
+        positions = (slots[None, :width] - pad[:, None]).clamp_min(0)  # (P, width)
+        padded = bool(pad.any())
+        cache = KVCache.empty(dec.cfg, P, capacity, self.kv_dtype, dev)
+        chunk = self.generation_batch
+        for c in range(0, width, chunk):
+            e = min(c + chunk, width)
+            h = dec(
+                ids[:, c:e],
+                start=c,
+                cache=cache,
+                key_mask=key_mask[:, :e] if padded else None,
+                positions=positions[:, c:e] if padded else None,
+            )  # (P, T, n_embd)
+        return cache, dec.head(h[:, -1], float32=False), key_mask
