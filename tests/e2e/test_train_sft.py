@@ -346,7 +346,7 @@ def test_an_unwritable_output_folder_is_refused_before_loading(
 def test_a_failed_export_keeps_the_trained_adapter(
     tiny_model, tmp_path, capsys, monkeypatch, with_checkpoints
 ):
-    import retrograd.algorithms.persist as persist
+    import retrograd.checkpoint.export as export
     from retrograd.gguf import GGUFFile
 
     model = tiny_model("llama")
@@ -354,7 +354,7 @@ def test_a_failed_export_keeps_the_trained_adapter(
     if not with_checkpoints:
         text = run.read_text()
         run.write_text(text[: text.index("[checkpoint]")] + text[text.index("[metrics]") :])
-    real = persist.write_lora_adapter
+    real = export.write_lora_adapter
     out = tmp_path / "out" / "adapter.gguf"
 
     def disk_full(path, **kw):
@@ -362,7 +362,7 @@ def test_a_failed_export_keeps_the_trained_adapter(
             raise OSError(28, "No space left on device")
         return real(path, **kw)
 
-    monkeypatch.setattr(persist, "write_lora_adapter", disk_full)
+    monkeypatch.setattr(export, "write_lora_adapter", disk_full)
     assert main(["train", str(run)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "No space left on device" in err and "kept in" in err, err

@@ -45,10 +45,10 @@ from retrograd.agent.rollout import AgentRoller
 from retrograd.agent.scenarios import read_scenarios
 from retrograd.agent.scores import USABLE, drop_and_advantage
 from retrograd.agent.trajectory import Trajectory
-from retrograd.algorithms import context, outputs, persist, rollout_run
+from retrograd.algorithms import context, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
 from retrograd.algorithms.step import checked_step
-from retrograd.checkpoint import DatasetPosition
+from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.errors import TrainingError
 from retrograd.losses.policy import policy_loss
 from retrograd.observe import names

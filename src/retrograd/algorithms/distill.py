@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, persist
 from retrograd.algorithms.evaluate import Patience
 from retrograd.algorithms.step import checked_step
-from retrograd.checkpoint import DatasetPosition
+from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.losses.distill import reverse_kl_advantages
 from retrograd.losses.policy import policy_loss

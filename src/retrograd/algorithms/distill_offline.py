@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, outputs
+from retrograd.algorithms import context
 from retrograd.algorithms.sft import Corpus, SFTResult, fit
+from retrograd.checkpoint import outputs
 from retrograd.data.sft import SFTDataset, load_sft_data
 from retrograd.data.topk import TopK, read_topk, tokenizer_fingerprint, write_topk
 from retrograd.errors import ConfigError, DataError

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from retrograd import distributed
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due
 from retrograd.algorithms.step import checked_step
-from retrograd.checkpoint import DatasetPosition
+from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.data.pairs import TokenPair, read_pairs, tokenize_pairs
 from retrograd.data.sft import permutation
 from retrograd.errors import CheckpointError, ConfigError, DataError

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, persist
 from retrograd.algorithms.evaluate import first_last
+from retrograd.checkpoint import outputs
 from retrograd.data.prompts import read_prompts, render_prompts
 from retrograd.sampling.backend import RolloutBackend, in_process
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from retrograd import distributed
-from retrograd.algorithms import context, outputs, persist
+from retrograd.algorithms import context, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
@@ -35,7 +35,7 @@ from retrograd.algorithms.step import (
     restore_window,
     window_bytes,
 )
-from retrograd.checkpoint import DatasetPosition
+from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.data.sft import SFTDataset, infer_format, load_sft_data, permutation
 from retrograd.errors import CheckpointError
 from retrograd.observe import names

@@ -9,7 +9,7 @@ additions inside it, both covered by its manifest and landed by the same atomic 
 - `artifacts/rng-rank<r>.msgpack`: each rank's random generators.
 Resume reads the tensors and slots back from dcp/ into each rank's own (sharded or not), and
 each rank its generators. A checkpoint resumes with the world size that saved it; any other is
-refused naming both (docs/distributed.md). This module knows no loop; persist.py calls it.
+refused naming both (docs/distributed.md). This module knows no loop; run.py calls it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def check_world(state: CheckpointState, source: str) -> None:
 
 def restore_state(state: CheckpointState, source: str, named, optimizer) -> None:
     """The trained tensors and the optimizer's slots from dcp/, and this rank's generators,
-    after persist.restore put the one-process parts back (groups, position)."""
+    after run.restore put the one-process parts back (groups, position)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(source)

@@ -8,7 +8,7 @@ parameter against AdamW's 8), or in 8 bits (`quantized_m`: a uniform 256-level c
 element and one float32 scale per block, its largest magnitude / 127: about 1 byte). Weight
 decay is decoupled. Smaller parameters go to AdamW (`gefen_with_adamw`). The state holds
 tensors only, so checkpoints keep it exactly; the two variants' slots differ, and resume
-refuses a change of variant by name (algorithms/persist.py).
+refuses a change of variant by name (checkpoint/run.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from retrograd.algorithms.outputs import NOT_INPUTS
+from retrograd.checkpoint.outputs import NOT_INPUTS
 from retrograd.config import RunConfig, validate_run
 from retrograd.errors import ConfigError
 from retrograd.server.config import ServerConfig
