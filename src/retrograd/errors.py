@@ -55,3 +55,8 @@ class JudgeError(RewardError):
 class EnvironmentFailure(RetrogradError):
     """An agent environment failed a trajectory (set-up, a broken tool, a lost server): the
     trajectory is dropped, not shown an observation. The message names the scenario."""
+
+
+class RolloutBackendError(RetrogradError):
+    """The rollout backend a run chose cannot serve it: llama.cpp missing, a model or adapter
+    it refuses, a decode that fails. The message names the key and what to change."""
