@@ -267,9 +267,9 @@ def worker(args) -> dict:
 
     import retrograd.algorithms.agent_grpo as agent_grpo
     import retrograd.sampling.backend as sampling_backend
-    from retrograd.algorithms.persist import Sinks
     from retrograd.config import load_run
     from retrograd.observe import names
+    from retrograd.observe.sinks import Sinks
     from retrograd.sampling.turns import TurnDecoder
 
     workdir = Path(args.workdir)
@@ -337,8 +337,8 @@ def worker(args) -> dict:
     begun: list[float] = []
 
     class Clock(Sinks):
-        def start(self, cfg, model, *a, **k):
-            super().start(cfg, model, *a, **k)
+        def start(self, start):
+            super().start(start)
             begun.append(time.perf_counter())
 
         def step(self, global_step, epoch, values, tokens, seconds, position=None):

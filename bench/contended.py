@@ -63,9 +63,9 @@ def worker_sft(args) -> dict:
     import torch
 
     from bench.sft_sides import write_run_file
-    from retrograd.algorithms.persist import Sinks
     from retrograd.algorithms.sft import run_sft
     from retrograd.config import load_run
+    from retrograd.observe.sinks import Sinks
 
     run_file = write_run_file(Path(args.workdir), args.threads, CTX, MICRO_BATCH)
     steps: list[tuple[float, int]] = []  # (end, trained tokens)

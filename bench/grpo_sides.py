@@ -282,9 +282,9 @@ def measure_ours(args, loop, run_file: Path) -> dict:
     way: phases as its timing/* values per update, the update's end at its sinks' step."""
     import torch
 
-    from retrograd.algorithms.persist import Sinks
     from retrograd.config import load_run
     from retrograd.observe import names
+    from retrograd.observe.sinks import Sinks
 
     keys = {
         "generation": names.GENERATION_SECONDS,
@@ -299,9 +299,9 @@ def measure_ours(args, loop, run_file: Path) -> dict:
     info: dict = {}
 
     class Clock(Sinks):
-        def start(self, cfg, model, *a, **k):
-            super().start(cfg, model, *a, **k)
-            info.update(dtype=str(model.dtype), cache=model.report.describe())
+        def start(self, start):
+            super().start(start)
+            info.update(dtype=start.dtype, cache=start.backend)
             reset_hwm()
             begun.append(time.perf_counter())
 

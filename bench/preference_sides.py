@@ -284,9 +284,9 @@ def worker_ours(args) -> dict:
     import torch
 
     import retrograd.algorithms.preference as preference
-    from retrograd.algorithms.persist import Sinks
     from retrograd.config import load_run
     from retrograd.observe import names
+    from retrograd.observe.sinks import Sinks
 
     workdir = Path(args.workdir)
     run_file = workdir / "run.toml"
@@ -310,9 +310,9 @@ def worker_ours(args) -> dict:
     info: dict = {}
 
     class Clock(Sinks):
-        def start(self, cfg, model, *a, **k):
-            super().start(cfg, model, *a, **k)
-            info.update(dtype=str(model.dtype), cache=model.report.describe())
+        def start(self, start):
+            super().start(start)
+            info.update(dtype=start.dtype, cache=start.backend)
             reset_hwm()
 
         def step(self, global_step, epoch, values, tokens, seconds, position=None):

@@ -287,9 +287,9 @@ def write_run_file(workdir: Path, threads: int, ctx: int = CTX, micro_batch: int
 def worker_ours(args) -> dict:
     import torch
 
-    from retrograd.algorithms.persist import Sinks
     from retrograd.algorithms.sft import run_sft
     from retrograd.config import load_run
+    from retrograd.observe.sinks import Sinks
 
     run_file = write_run_file(Path(args.workdir), args.threads)
     ends: list[float] = []
@@ -297,9 +297,9 @@ def worker_ours(args) -> dict:
     info: dict = {}
 
     class Clock(Sinks):
-        def start(self, cfg, model, *a, **k):
-            super().start(cfg, model, *a, **k)
-            info.update(dtype=str(model.dtype), cache=model.report.describe())
+        def start(self, start):
+            super().start(start)
+            info.update(dtype=start.dtype, cache=start.backend)
             reset_hwm()
 
         def step(self, global_step, epoch, values, tokens, seconds):

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from retrograd.algorithms.persist import Sinks
+from retrograd.observe.sinks import Sinks
 from scripts.gpu_check import REPO, Findings, judged, skipped
 
 EXAMPLES = REPO / "examples"

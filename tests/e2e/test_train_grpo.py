@@ -88,7 +88,7 @@ def sinks():
 
     from rich.console import Console
 
-    from retrograd.algorithms.persist import Sinks
+    from retrograd.observe.sinks import Sinks
 
     return Sinks(console=Console(file=io.StringIO()))
 

@@ -83,7 +83,7 @@ tools = ["write_file"]
 
 def recording_sinks():
     """Sinks that print nothing and keep every report."""
-    from retrograd.algorithms.persist import Sinks
+    from retrograd.observe.sinks import Sinks
 
     class Recording(Sinks):
         def __init__(self):

@@ -45,7 +45,7 @@ from retrograd.agent.rollout import AgentRoller
 from retrograd.agent.scenarios import read_scenarios
 from retrograd.agent.scores import USABLE, drop_and_advantage
 from retrograd.agent.trajectory import Trajectory
-from retrograd.algorithms import context, persist, rollout_run
+from retrograd.algorithms import context, frame, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition, outputs
@@ -123,7 +123,9 @@ def _check_manifest(path: Path) -> None:
 # -- the loop ----------------------------------------------------------------------------------
 
 
-def run_agent_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> AgentResult:
+def run_agent_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> AgentResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     a = cfg.agent
     run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
@@ -180,7 +182,6 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
         "eval": held_file.fingerprint if held_file else None,
     }
     run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
     pos = Position()

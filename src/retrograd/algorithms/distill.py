@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, persist
+from retrograd.algorithms import context, frame, persist
 from retrograd.algorithms.evaluate import Patience
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition, outputs
@@ -58,11 +58,11 @@ EVALUATE = "evaluate"  # seeds of held-out answers
 _NOT_TRAJECTORY = {"prompts"}  # [distill] keys a resumed run may change
 
 
-def run_distill(cfg, *, resume=None, sinks=None, run_file=None):
+def run_distill(cfg, door=None, *, resume=None, sinks=None, run_file=None):
     """[run].algorithm = "distill": the loop of [distill].mode (algorithms/table.py)."""
     from retrograd.algorithms import table
 
-    return table.run(cfg, resume=resume, sinks=sinks, run_file=run_file)
+    return table.run(cfg, door, resume=resume, sinks=sinks, run_file=run_file)
 
 
 @dataclass
@@ -97,7 +97,9 @@ class DistillResult:
     best_eval: float | None = None
 
 
-def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResult:
+def run_on_policy(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> DistillResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     d, training = cfg.distill, cfg.training
     # 1. build: everything that can be checked is checked before the models load
@@ -136,7 +138,6 @@ def run_on_policy(cfg, *, resume=None, sinks=None, run_file=None) -> DistillResu
         "eval": held_file.fingerprint if held_file else None,
     }
     run = persist.RunIdentity.of(cfg, model.config.name, fingerprints, plan, settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
     pos = Position()

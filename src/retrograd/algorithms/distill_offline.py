@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context
+from retrograd.algorithms import context, frame
 from retrograd.algorithms.sft import Corpus, SFTResult, fit
 from retrograd.checkpoint import outputs
 from retrograd.data.sft import SFTDataset, load_sft_data
@@ -183,14 +183,15 @@ def check_sidecar(topk: TopK, corpus: SFTDataset, where: str) -> None:
 # -- training --------------------------------------------------------------------------------
 
 
-def run_distill_offline(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+def run_distill_offline(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
     d = cfg.distill
     if cfg.evaluation is not None:
         raise ConfigError(
             "[evaluation]: offline distillation runs no scheduled evaluation; remove the "
             "section and measure with `retrograd bench` (KL to the teacher, top-1 agreement)"
         )
-    outputs.check_outputs(cfg, run_file)
+    outputs.check_outputs(cfg, door.run_file)
     # the corpus, tokenized with the student's format, and the sidecar, checked against it,
     # before the weights load
     topk = read_topk(d.sidecar, f"[distill].sidecar = {d.sidecar}")
@@ -211,7 +212,7 @@ def run_distill_offline(cfg, *, resume=None, sinks=None, run_file=None) -> SFTRe
         {"mode": "topk_offline", "k": topk.k},
         pass_loss=_TopKLoss(topk, train).of,
     )
-    return fit(cfg, model, corpus, resume=resume, sinks=sinks, run_file=run_file)
+    return fit(cfg, model, corpus, door)
 
 
 def _metadata(path) -> dict:

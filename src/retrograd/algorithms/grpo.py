@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, persist, rollout_run
+from retrograd.algorithms import context, frame, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
 from retrograd.algorithms.policy_terms import PolicyTerms
 from retrograd.algorithms.rollout_run import RolloutResult
@@ -122,7 +122,9 @@ def check_available(cfg) -> None:
     context.check_fanout(cfg.training, "grpo")
 
 
-def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
+def run_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     g, training = cfg.grpo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
@@ -139,7 +141,6 @@ def run_grpo(cfg, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
         "reference": context.reference_id(cfg),
     }
     run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
     pos = Position()

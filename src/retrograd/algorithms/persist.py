@@ -19,7 +19,6 @@ from pathlib import Path
 from retrograd.checkpoint import CheckpointState, DatasetPosition, Progress, export, step_id
 from retrograd.checkpoint import run as ckrun
 from retrograd.checkpoint.run import RunIdentity
-from retrograd.observe import Metrics, RunInfo
 from retrograd.optim import base_lr
 from retrograd.trainable.plan import Trained
 
@@ -41,138 +40,41 @@ class Mark:
     artifacts: dict[str, Callable[[], bytes]] = field(default_factory=dict)
 
 
-class Sinks:
-    """The run's metrics: terminal progress always, TensorBoard and W&B when configured."""
+class Legacy:
+    """The one-object sinks of the loops not yet on the frame (algorithms/frame.py): a Door's
+    sinks for the reports and its control for the boundary and the checkpoints."""
 
-    def __init__(self, quiet: bool = False, console=None):
-        self.quiet = quiet
-        self.console = console
-        self.metrics: Metrics | None = None
+    def __init__(self, door):
+        self.sinks, self.control = door.sinks, door.control
+        self.console = getattr(door.sinks, "console", None)
 
-    @classmethod
-    def quiet(cls) -> Sinks:
-        return cls(quiet=True)
+    def __getattr__(self, name: str):  # resumed, step, note, warn, evaluation, finish, fail
+        return getattr(self.sinks, name)
 
-    def start(
-        self,
-        cfg,
-        model,
-        plan,
-        total_steps: int,
-        *,
-        data: tuple[Path, str],
-        held: tuple[Path, str] | None = None,
-        iterations: int,
-        initial_step: int = 0,
-        unit: str = "step",
-        initial_position: int | None = None,
-    ) -> None:
-        """Print what the run is about to do and open the metric sinks. data, held: (path,
-        one-line description) of the training and evaluation files; iterations: epochs or
-        updates; total_steps counts `unit` (optimizer steps, or the loop's updates, from
-        `initial_position` on resume)."""
-        self.plan_lines = plan.describe()
-        if self.quiet:
-            return
-        con = self.console
-        con.print(f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}")
-        for line in model.report.lines():  # the compute plan
-            con.print(line, markup=False)
-        con.print(f"data: {data[1]}", markup=False)
-        if held is not None:
-            con.print(f"evaluation: {held[1]}", markup=False)
-        for line in self.plan_lines:
-            con.print(line, markup=False)  # "[lora].targets" is text, not rich markup
-        m = cfg.metrics
-        info = RunInfo(
-            cfg.run.algorithm,
-            str(cfg.model.path),
-            str(data[0]),
-            str(held[0]) if held else None,
-            iterations,
-            cfg.training.lr,
-            cfg.training.lr_scheduler,
-            cfg.training.warmup_steps,
-        )
-        self.metrics = Metrics(
-            info,
-            total_steps=total_steps,
-            console=con,
-            tensorboard_dir=m.tensorboard_dir if m else None,
-            wandb_export_dir=m.wandb_export_dir if m else None,
-            initial_step=initial_step,
-            unit=unit,
-            initial_position=initial_position,
-        )
+    def start(self, cfg, model, plan, total_steps: int, **kwargs) -> None:
+        from types import SimpleNamespace
 
-    def resumed(self, source: str, global_step: int) -> None:
-        if self.metrics is not None:
-            self.console.print(f"resumed from {source} at step {global_step}")
-            self.metrics.global_step = global_step
+        from retrograd.algorithms.frame import start_info
 
-    def step(
-        self,
-        global_step: int,
-        epoch: int,
-        values: dict[str, float],
-        tokens: int,
-        seconds: float,
-        position: int | None = None,
-    ) -> None:
-        """One optimizer step's metrics, by their names (observe/names.py); `position` in
-        the progress unit when it is not the step."""
-        if self.metrics is not None:
-            self.metrics.step(global_step, epoch, values, tokens=tokens, position=position)
-
-    def note(self, message: str) -> None:
-        """A line on the terminal (and the log) about a long phase outside the steps."""
-        _log.info("%s", message)
-        if self.metrics is not None:
-            self.console.print(message, markup=False, highlight=False)
-
-    def warn(self, message: str) -> None:
-        """A warning the run goes on after: on stderr's log, and on the terminal."""
-        _log.warning("%s", message)
-        if self.metrics is not None:
-            self.console.print(f"warning: {message}", markup=False, style="yellow")
-
-    def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
-        if self.metrics is not None:
-            self.metrics.evaluation(global_step, values, improved=improved)
+        kwargs.setdefault("held", None)
+        self.sinks.start(start_info(cfg, model, plan, total_steps, **kwargs))
+        self.control.opened(SimpleNamespace(cfg=cfg, model=model, tr=SimpleNamespace(plan=plan)))
 
     def checkpoint(self, path: Path, global_step: int) -> None:
-        if self.metrics is not None:
-            self.metrics.checkpoint(path, global_step)
+        self.sinks.checkpoint(path, global_step)
+        self.control.checkpoint_written(path, global_step)
 
-    def finish(self, summary: dict[str, object]) -> None:
-        """The end-of-run summary lines, {label: value}."""
-        if self.metrics is not None:
-            self.metrics.finish(summary)
-
-    def fail(self, message: str) -> None:
-        if self.metrics is not None:
-            self.metrics.fail(message)
+    def boundary(self, cfg, measure):
+        return self.control.boundary(cfg, measure)
 
     def checkpoint_requested(self) -> bool:
-        """Whether a checkpoint is wanted at this boundary though none is due (the run
-        server's sinks say so when a client asks for one)."""
-        return False
+        return self.control.checkpoint_requested()
 
     def checkpoint_section(self, cfg):
-        """The [checkpoint] the run follows now: the file's, or what a client changed it to
-        during the run (the run server's sinks)."""
-        return cfg.checkpoint
-
-    def boundary(self, cfg, measure: Callable[[], dict | None]):
-        """The loop's boundary, after an update's (or a step's) report: the run server's
-        sinks act there on what a client asked meanwhile (pause, checkpoint, stop, questions
-        answered with the weights as they are; `measure()` is the loop's own evaluation
-        without patience, {field: value}, or None without evaluation data). -> the config the
-        run follows from here on: `cfg`, or `cfg` with the keys a client changed."""
-        return cfg
+        return self.control.checkpoint_section(cfg)
 
 
-def boundary(sinks: Sinks, cfg, patience, measure: Callable[[], dict | None]):
+def boundary(sinks: Legacy, cfg, patience, measure: Callable[[], dict | None]):
     """Every loop's one hook (Sinks.boundary) -> (cfg, rate): the config the run follows from
     here on and the base rate its schedule scales. A changed [training].lr replaces the base:
     the schedule goes on from the same step (a warm-up keeps warming up toward the new rate, a

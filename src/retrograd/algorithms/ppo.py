@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrograd.algorithms import context, persist, rollout_run
+from retrograd.algorithms import context, frame, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
 from retrograd.algorithms.policy_terms import PolicyTerms
 from retrograd.algorithms.rollout_run import RolloutResult
@@ -94,7 +94,9 @@ def _concurrency(cfg) -> int:
     return t.generation_concurrency or min(cfg.ppo.rollout_batch_size, t.ctx, 256)
 
 
-def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
+def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> PPOResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     p, training = cfg.ppo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
@@ -110,7 +112,6 @@ def run_ppo(cfg, *, resume=None, sinks=None, run_file=None) -> PPOResult:
         "fast_sampling_context": training.fast_sampling_context,
     }
     run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
     pos = Position()

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from retrograd import distributed
-from retrograd.algorithms import context, persist
+from retrograd.algorithms import context, frame, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition, outputs
@@ -166,7 +166,9 @@ def total_steps(pairs: list[TokenPair], cfg) -> int:
     )
 
 
-def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> PreferenceResult:
+def run_preference(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> PreferenceResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     p, t = cfg.preference, cfg.training
     # 1. build: the pairs are tokenized and checked with the file's own tokenizer and template
@@ -194,7 +196,6 @@ def run_preference(cfg, *, resume=None, sinks=None, run_file=None) -> Preference
         "reference_model": context.reference_id(cfg),
     }
     run = persist.RunIdentity.of(cfg, model.config.name, prints, plan, settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume: weights, optimizer, position, and the scores a checkpoint keeps
     pos = Position()

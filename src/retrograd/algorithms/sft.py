@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from retrograd import distributed
-from retrograd.algorithms import context, persist
+from retrograd.algorithms import context, frame, persist
 from retrograd.algorithms.evaluate import Patience, epoch_evaluation_due, perplexity, sft_loss
 from retrograd.algorithms.step import (
     LossOptions,
@@ -131,9 +131,10 @@ class Corpus:
     pass_loss: Callable[[int], PassLoss | None] = lambda example: None  # None: the NLL
 
 
-def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+def run_sft(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
     # 1. build: what the run writes is checked before anything loads
-    outputs.check_outputs(cfg, run_file)
+    outputs.check_outputs(cfg, door.run_file)
     model = context.load_model(cfg)
     t0 = time.perf_counter()
     train, held = load_data(cfg, model)
@@ -146,12 +147,13 @@ def run_sft(cfg, *, resume=None, sinks=None, run_file=None) -> SFTResult:
         {"train": train.fingerprint, "eval": held.fingerprint if held is not None else None},
         {"shuffle": cfg.sft.shuffle, "template_variables": dict(cfg.sft.template_variables)},
     )
-    return fit(cfg, model, corpus, resume=resume, sinks=sinks, run_file=run_file)
+    return fit(cfg, model, corpus, door)
 
 
-def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -> SFTResult:
+def fit(cfg, model, corpus: Corpus, door) -> SFTResult:
     """The SFT loop over `corpus` with the loaded model: plan, resume, steps, evaluation,
     checkpoints, export."""
+    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
     started = time.perf_counter()
     training = cfg.training
     train, held = corpus.train, corpus.held
@@ -165,7 +167,6 @@ def fit(cfg, model, corpus: Corpus, *, resume=None, sinks=None, run_file=None) -
     # under torchrun each rank trains its share of every step's passes (docs/distributed.md)
     replicas = distributed.wrap_trainable(model, tr)
     run = persist.RunIdentity.of(cfg, model.config.name, corpus.fingerprints, plan, corpus.settings)
-    sinks = sinks or persist.Sinks.quiet()
 
     # 2. resume
     pos, window = Position(), None

@@ -99,9 +99,12 @@ def check_world(row: Algorithm) -> None:
     distributed.check_traits(row.traits, distributed.world(), where, sharded)
 
 
-def run(cfg, *, resume=None, sinks=None, run_file=None):
+def run(cfg, door=None, *, resume=None, sinks=None, run_file=None):
     """Run the loop the run file chooses, in the process's world (distributed.init_world
-    first under torchrun) -> its result."""
+    first under torchrun), through `door` (algorithms/frame.py; or one made of resume, sinks
+    and run_file) -> its result."""
+    from retrograd.algorithms.frame import door_of
+
     row = algorithm_of(cfg)
     check_world(row)
-    return row.loop()(cfg, resume=resume, sinks=sinks, run_file=run_file)
+    return row.loop()(cfg, door_of(door, resume=resume, sinks=sinks, run_file=run_file))

@@ -214,18 +214,18 @@ def shortened(args: argparse.Namespace, work: Workload, output: Path):
 def profile(cfg, work: Workload, run_file) -> int:
     """Run the loop with sinks that add up its phases; print what they measured."""
     from retrograd.algorithms import duty, table
-    from retrograd.algorithms.persist import Sinks
     from retrograd.observe.memory import peak_memory
+    from retrograd.observe.sinks import Sinks
 
     totals = dict.fromkeys(work.phases, 0.0)
     seen: dict[str, Any] = {}
     started = time.perf_counter()
 
     class Phases(Sinks):
-        def start(self, cfg, model, *a, **k):
+        def start(self, start):
             seen["init"] = time.perf_counter() - started
-            seen["model"] = model
-            super().start(cfg, model, *a, **k)
+            seen["backend"] = start.backend
+            super().start(start)
 
         def step(self, global_step, epoch, values, tokens, seconds, position=None):
             for phase, name in work.phases.items():
@@ -235,9 +235,8 @@ def profile(cfg, work: Workload, run_file) -> int:
     wall = time.perf_counter() - started
     con = Console()
     con.print(work.line(cfg, result.updates), markup=False, soft_wrap=True)
-    model = seen.get("model")
-    if model is not None:
-        con.print(f"backend: {model.report.describe()}", markup=False, soft_wrap=True)
+    if "backend" in seen:
+        con.print(f"backend: {seen['backend']}", markup=False, soft_wrap=True)
     con.print(_table(seen.get("init", 0.0), totals, wall))
     rewards = ", ".join(f"{r:.3f}" for r in result.rewards)
     con.print(

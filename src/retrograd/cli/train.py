@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_run(args.config, model=args.model, device=args.device, resume=args.resume)
     from retrograd import distributed
     from retrograd.algorithms import table
-    from retrograd.algorithms.persist import Sinks
+    from retrograd.observe.sinks import Sinks
 
     world = distributed.init_world(cfg)  # under torchrun: this rank's place (docs/distributed.md)
     console = Console()

@@ -3,10 +3,10 @@
     python -m retrograd.server.child RUN_DIR [--resume]
 
 reads RUN_DIR/run.json (the document and its base folder), validates it as a run file, and runs
-the algorithm's loop with `ServerSinks`. What the loop reports goes to the server as JSON lines
+the algorithm's loop with `ServerSinks` (its reports) and `ServerControl` (the commands). What the loop reports goes to the server as JSON lines
 on the process's original stdout (fd 1 is pointed at stderr, so that nothing else can write
 there); the server's commands arrive as JSON lines on stdin and are acted on at the loop's next
-boundary (persist.boundary, after an update's or a step's report): pause, resume, cancel (with
+boundary (algorithms/frame.py's Control, after an update's or a step's report): pause, resume, cancel (with
 or without a checkpoint first), checkpoint, stop (checkpoint, then end as interrupted), patch
 (keys followed from then on), generate, chat and evaluate (answers from the weights as they are,
 sent back under the request's id; a paused run answers too). When stdin closes the server is
@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from retrograd.algorithms.persist import Sinks
+from retrograd.observe.sinks import Sinks, StartInfo
 from retrograd.server.documents import merge
 
 BUDGET = "budget"  # Stop's outcome when the time budget ends the run (it completes)
@@ -84,29 +84,19 @@ class Channel:
 
 
 class ServerSinks(Sinks):
-    """The run's sinks (TensorBoard, W&B, the log) plus the server's channel and commands."""
+    """The run's sinks (TensorBoard, W&B, the log) that also report to the server's channel."""
 
     def __init__(self, channel: Channel, console):
         super().__init__(console=console)
         self.channel = channel
         self.iterations = 0
-        self.want_checkpoint = False
-        self.stop_after_checkpoint: str | None = None
-        self.pause_after_checkpoint = False
-        self.patched: dict[str, dict[str, Any]] = {}  # {section: {key: value}} a client changed
-        self.measure = lambda: None  # the loop's own evaluation, without patience
-        self.minutes: float | None = None  # the time budget (run.json's plan)
-        self.deadline: float | None = None  # time.monotonic() when the budget runs out
-        self.last_checkpoint: Path | None = None
+        self.position = {"iteration": 0, "global_step": 0}  # the last step reported
 
-    def start(self, cfg, model, plan, total_steps, *, iterations, **kwargs) -> None:
-        super().start(cfg, model, plan, total_steps, iterations=iterations, **kwargs)
-        self.iterations = iterations
-        self.live = LiveModel(cfg, model, plan)
-        self.position = {"iteration": 0, "global_step": kwargs.get("initial_step", 0)}
-        if self.minutes is not None:
-            self.deadline = time.monotonic() + self.minutes * 60
-        self.channel.send("started", iterations=iterations, total_steps=total_steps)
+    def start(self, start: StartInfo) -> None:
+        super().start(start)
+        self.iterations = start.iterations
+        self.position = {"iteration": 0, "global_step": start.initial_step}
+        self.channel.send("started", iterations=start.iterations, total_steps=start.total_steps)
 
     def resumed(self, source: str, global_step: int) -> None:
         super().resumed(source, global_step)
@@ -130,14 +120,58 @@ class ServerSinks(Sinks):
         self.channel.send("progress", **progress)
         self.channel.send("metrics", iteration=iteration, global_step=global_step, values=values)
 
+    def checkpoint(self, path: Path, global_step: int) -> None:
+        super().checkpoint(path, global_step)
+        self.channel.send("checkpoint", path=str(path), global_step=global_step)
+
+    def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
+        super().evaluation(global_step, values, improved)
+        values = {k: float(v) for k, v in values.items()}
+        self.channel.send("evaluation", global_step=global_step, values=values, improved=improved)
+
+    def note(self, message: str) -> None:
+        super().note(message)
+        self.channel.send("log", message=message)
+
+    def warn(self, message: str) -> None:
+        super().warn(message)
+        self.channel.send("log", message=f"warning: {message}")
+
+
+class ServerControl:
+    """The server's commands to the run (algorithms/frame.py's Control), acted on at the
+    loop's boundary; answers go back on the channel, with the position `sinks` last reported."""
+
+    def __init__(self, channel: Channel, sinks: ServerSinks):
+        self.channel, self.sinks = channel, sinks
+        self.want_checkpoint = False
+        self.stop_after_checkpoint: str | None = None
+        self.pause_after_checkpoint = False
+        self.patched: dict[str, dict[str, Any]] = {}  # {section: {key: value}} a client changed
+        self.measure = lambda: None  # the loop's own evaluation, without patience
+        self.minutes: float | None = None  # the time budget (run.json's plan)
+        self.deadline: float | None = None  # time.monotonic() when the budget runs out
+        self.last_checkpoint: Path | None = None
+        self.live: LiveModel | None = None
+
+    @property
+    def position(self) -> dict[str, int]:
+        return self.sinks.position
+
+    def opened(self, run) -> None:
+        """The run's model is loaded: answers come from it; the time budget starts now."""
+        self.live = LiveModel(run.cfg, run.model, run.tr.plan)
+        if self.minutes is not None:
+            self.deadline = time.monotonic() + self.minutes * 60
+
     def boundary(self, cfg, measure):
         """What was asked since the last boundary, done; the config with a client's changes."""
         self.measure = measure
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.deadline = None  # once: a checkpoint now, then the run ends (checkpoint())
+            self.deadline = None  # once: a checkpoint now, then the run ends (checkpoint_written)
             self.want_checkpoint = True
             self.stop_after_checkpoint = BUDGET
-            self.note(
+            self.sinks.note(
                 f"the time budget ({self.minutes:g} minutes) ended the run at step "
                 f"{self.position['global_step']}: a checkpoint, then the adapter exported"
             )
@@ -229,29 +263,15 @@ class ServerSinks(Sinks):
             raise ValueError("the run has no evaluation data ([evaluation].data)")
         return measured
 
-    def checkpoint(self, path: Path, global_step: int) -> None:
-        super().checkpoint(path, global_step)
+    def checkpoint_written(self, path: Path, global_step: int) -> None:
+        """The sinks have sent it; a stop or a pause asked for with it happens now."""
         self.want_checkpoint = False
         self.last_checkpoint = Path(path)
-        self.channel.send("checkpoint", path=str(path), global_step=global_step)
         if self.stop_after_checkpoint is not None:
             raise Stop(self.stop_after_checkpoint)
         if self.pause_after_checkpoint:
             self.pause_after_checkpoint = False
             self._pause()
-
-    def evaluation(self, global_step: int, values: dict[str, float], improved: bool) -> None:
-        super().evaluation(global_step, values, improved)
-        values = {k: float(v) for k, v in values.items()}
-        self.channel.send("evaluation", global_step=global_step, values=values, improved=improved)
-
-    def note(self, message: str) -> None:
-        super().note(message)
-        self.channel.send("log", message=message)
-
-    def warn(self, message: str) -> None:
-        super().warn(message)
-        self.channel.send("log", message=f"warning: {message}")
 
 
 class LiveModel:
@@ -337,31 +357,33 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from retrograd.algorithms import table
+    from retrograd.algorithms.frame import Door
     from retrograd.config import validate_run
     from retrograd.errors import RetrogradError
 
     run_dir = Path(args.run_dir)
     record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     sinks = ServerSinks(channel, Console(file=sys.stderr, width=120))
-    sinks.patched = record.get("patched") or {}
-    sinks.minutes = (record.get("plan") or {}).get("time_budget_minutes")
+    control = ServerControl(channel, sinks)
+    control.patched = record.get("patched") or {}
+    control.minutes = (record.get("plan") or {}).get("time_budget_minutes")
     try:
         document = record["document"]
         cfg = validate_run(document, source="the run document", base_dir=record["base_dir"])
         resume = True if args.resume and _has_checkpoint(cfg) else None
-        lr = sinks.patched.get("training", {}).get("lr")
+        lr = control.patched.get("training", {}).get("lr")
         if lr is not None:  # the rate it starts with: the patched one, or its checkpoint's
             started = {"training": {"lr": _checkpoint_lr(cfg, lr) if resume else lr}}
             cfg = validate_run(
                 merge(document, started), source="the run document", base_dir=record["base_dir"]
             )
-        table.run(cfg, resume=resume, sinks=sinks, run_file=run_dir / "run.json")
+        table.run(cfg, Door(sinks, control, resume=resume, run_file=run_dir / "run.json"))
     except Stop as stop:
         if stop.outcome != BUDGET:
             channel.send(stop.outcome)
             return 0
         try:
-            exported = _export_budget(cfg, sinks.last_checkpoint)
+            exported = _export_budget(cfg, control.last_checkpoint)
         except Exception as error:  # the checkpoint is there: the error says where
             sinks.fail(str(error))
             channel.send("failed", error=str(error))
@@ -381,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _checkpoint_lr(cfg, patched: float) -> float:
-    """The [training].lr the latest checkpoint was written with (persist._state records the
+    """The [training].lr the latest checkpoint was written with (checkpoint/run.py records the
     rate followed then): a checkpoint from before a PATCH resumes at its own rate, the patched
     one following from the first boundary (its identity would refuse another)."""
     from retrograd.checkpoint import latest_checkpoint

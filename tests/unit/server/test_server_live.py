@@ -1,5 +1,5 @@
-"""What a served run's process does at its loops' boundary (child.ServerSinks and the one hook,
-persist.boundary): a PATCH of [training].lr and [evaluation] followed from the next boundary,
+"""What a served run's process does at its loops' boundary (child.ServerSinks, child.ServerControl
+and the frame's one boundary, algorithms/frame.py): a PATCH of [training].lr and [evaluation] followed from the next boundary,
 and evaluate answered with the loop's own evaluation, on tiny SFT, GRPO and preference runs in this
 process (the reference's ctx 128 and micro_batch 32)."""
 
@@ -15,8 +15,9 @@ import pytest
 from rich.console import Console
 
 from retrograd.algorithms import table
+from retrograd.algorithms.frame import Door
 from retrograd.config import validate_run
-from retrograd.server.child import Channel, ServerSinks
+from retrograd.server.child import Channel, ServerControl, ServerSinks
 from tests.factories.agents import CHAT_TEMPLATE
 from tests.factories.run_server import TEXT, grpo_document
 from tests.factories.tiny_gguf import write_tiny
@@ -43,7 +44,7 @@ def run_served(document: dict, commands: list[dict], base_dir) -> list[dict]:
         time.sleep(0.01)
     sinks = ServerSinks(channel, Console(file=io.StringIO()))
     cfg = validate_run(document, source="test", base_dir=base_dir)
-    table.run(cfg, sinks=sinks)
+    table.run(cfg, Door(sinks, ServerControl(channel, sinks)))
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
