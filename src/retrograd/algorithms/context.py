@@ -75,12 +75,14 @@ class Trainables:
         return self.trained.adapters
 
 
-def trainables(model: Model, cfg) -> Trainables:
-    """The run's plan over the loaded model (any [training].trainable mode) and its optimizer."""
+def trainables(model: Model, cfg, attached: tuple[TrainPlan, Trained] | None = None) -> Trainables:
+    """The run's plan over the loaded model (any [training].trainable mode) and its optimizer;
+    `attached`: a plan and its tensors already on the model (a second fit of one model), which
+    train on with a fresh optimizer."""
     from retrograd.optim import base_lr, build_optimizer
     from retrograd.trainable.plan import build_plan
 
-    plan, trained = build_plan(model, cfg)
+    plan, trained = attached if attached is not None else build_plan(model, cfg)
     named = trained.named()
     optimizer = build_optimizer(
         [p for _, p in named], cfg.training, cfg.optimizer, matrices=trained.matrices()

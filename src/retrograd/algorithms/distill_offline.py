@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, frame
-from retrograd.algorithms.sft import Corpus, SFTResult, fit
+from retrograd.algorithms.sft import Corpus, fit
 from retrograd.checkpoint import outputs
 from retrograd.data.sft import SFTDataset, load_sft_data
 from retrograd.data.topk import TopK, read_topk, tokenizer_fingerprint, write_topk
@@ -183,15 +183,14 @@ def check_sidecar(topk: TopK, corpus: SFTDataset, where: str) -> None:
 # -- training --------------------------------------------------------------------------------
 
 
-def run_distill_offline(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> SFTResult:
-    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
+def run_distill_offline(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.Result:
     d = cfg.distill
     if cfg.evaluation is not None:
         raise ConfigError(
             "[evaluation]: offline distillation runs no scheduled evaluation; remove the "
             "section and measure with `retrograd bench` (KL to the teacher, top-1 agreement)"
         )
-    outputs.check_outputs(cfg, door.run_file)
+    door = frame.prepare(cfg, door, resume=resume, sinks=sinks, run_file=run_file)
     # the corpus, tokenized with the student's format, and the sidecar, checked against it,
     # before the weights load
     topk = read_topk(d.sidecar, f"[distill].sidecar = {d.sidecar}")
@@ -200,7 +199,7 @@ def run_distill_offline(cfg, door=None, *, resume=None, sinks=None, run_file=Non
     chat = context.file_chat_format(cfg.model.path)
     train = load_sft_data(d.data, chat.tokenizer, cfg.training.ctx, "jsonl", chat)
     check_sidecar(topk, train, f"{d.sidecar}")
-    model = context.load_model(cfg)
+    model = frame.model_of(cfg, door)
     log.info("data: %s; sidecar: %d positions, k = %d", train.describe(), len(topk.targets), topk.k)
     epochs = d.offline_epochs
     corpus = Corpus(
