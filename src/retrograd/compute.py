@@ -32,7 +32,7 @@ from retrograd.threads import asked_threads, wait_policy
 CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
 CACHE_MODES = ("auto", "on", "off")  # 33: "int8" (an 8-bit store), "layers" (those that fit)
 PRODUCTS = ("dequantize",)  # 33: "int8", "int4" (products on quantized weights)
-BACKENDS = ("in_process",)  # 33: "llama_cpp"
+BACKENDS = ("in_process", "llama_cpp")  # [training].rollout_backend
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ class ForwardPlan:
 
 @dataclass(frozen=True)
 class SamplingPlan:
-    """How the sampler generates. fast_context, kv_dtype: [training].fast_sampling_context and
+    """How the sampler generates. backend: [training].rollout_backend, what samples a rollout
+    loop's answers (BACKENDS; sampling/backend.py builds it). fast_context, kv_dtype:
+    [training].fast_sampling_context and
     kv_dtype (the run file's; a Sampler is also told them per call); packed: packed copies of
     the weights beside the dense cache while sampling; device_sampling, device_logprobs,
     top_p, prefix_cache: RETRO_DEVICE_SAMPLING, RETRO_DEVICE_LOGPROBS, RETRO_FAST_TOP_P,
@@ -140,6 +142,7 @@ class ComputePlan:
         for name in SWITCHES:
             sources[name] = environ.setting(name)
         sampling = SamplingPlan(
+            backend=training.rollout_backend if training is not None else "in_process",
             fast_context=training.fast_sampling_context if training is not None else True,
             kv_dtype=training.kv_dtype if training is not None else "f16",
             device_sampling=env.device_sampling,

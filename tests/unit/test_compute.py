@@ -118,7 +118,11 @@ EQUALITY_TESTS = {
         "tests/unit/model/test_decoder.py::test_grouped_projections_equal_separate_ones",
     ],
     "weights.products": [],  # "dequantize" alone so far
-    "sampling.backend": [],  # "in_process" alone so far
+    "sampling.backend": [
+        "tests/unit/sampling/test_llamacpp.py::test_the_same_answers_as_the_in_process_sampler",
+        "tests/unit/sampling/test_llamacpp.py::test_behaviour_logprobs_equal_the_trainers_rescoring",
+        "tests/unit/sampling/test_llamacpp.py::test_the_adapter_changes_the_logits_as_ours_does",
+    ],
     "sampling.fast_context": [
         "tests/unit/sampling/test_sampling_engine.py::test_fast_context_stays_close_to_the_exact_one",
         "tests/unit/model/test_attention.py::test_fast_decode_step_matches_the_matmul_path",
@@ -184,6 +188,16 @@ def test_every_switch_has_an_equality_test():
             names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
             assert name in names, f"{test_id} does not exist"
             assert name in page, f"docs/exactness.md does not list {test_id}"
+
+
+def test_the_run_files_rollout_backend_is_the_plans():
+    from retrograd.config.training import TrainingSection
+
+    plan = compute.ComputePlan.of(
+        environ.read(), training=TrainingSection(rollout_backend="llama_cpp")
+    )
+    assert plan.sampling.backend == "llama_cpp" and "llama_cpp" in compute.BACKENDS
+    assert compute.ComputePlan.of(environ.read()).sampling.backend == "in_process"
 
 
 def test_a_new_weight_mode_is_refused_until_it_plugs_in():

@@ -14,7 +14,10 @@ evaluate, checkpoint. The variant (rollout/shaping.py, losses/policy.py say the 
 - old log-probabilities come from the training path itself: the first pass of an update
   scores the answers with the weights that sampled them, so its ratios are exactly 1, and
   later passes compare with those values; the sampler's own log-probabilities (fast sampling
-  context: a 16-bit cache) are only compared with them (policy/sampler_logprob_gap);
+  context: a 16-bit cache) are only compared with them (policy/sampler_logprob_gap); when the
+  sampler is not the trainer ([training].rollout_backend = "llama_cpp"), each token's surrogate
+  term is weighted by min(pi_old / pi_sampler, rollout_is_cap) (truncated importance sampling,
+  as TRL and verl correct a vLLM sampler; losses/correction.py);
 - each pass over the update's answers is one optimizer step; the learning rate schedule counts
   updates x grpo_epochs steps;
 - every random choice is a pure function of the run's seeds and the update: answer seeds from
@@ -39,7 +42,7 @@ import torch
 
 from retrograd.algorithms import context, frame, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
-from retrograd.algorithms.policy_terms import PolicyTerms
+from retrograd.algorithms.policy_terms import PolicyTerms, sampler_cap
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -137,7 +140,7 @@ def run_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> GRPOR
     stream = PromptStream(b.prompts, g.prompt_order, g.sampling.seed)
     settings = {
         "grpo": g.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
-        "fast_sampling_context": training.fast_sampling_context,
+        **rollout_run.sampler_identity(training),
         "reference": context.reference_id(cfg),
     }
     run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
@@ -391,7 +394,7 @@ def _epoch(
     g, training = cfg.grpo, cfg.training
     total_tokens = float(sum(r.n_tokens for r in trained))
     by_answer = g.importance_sampling_level == "sequence"
-    terms = PolicyTerms(total_tokens, len(trained), by_answer, first)
+    terms = PolicyTerms(total_tokens, len(trained), by_answer, first, sampler_cap(training))
     for piece in pieces(own, training.micro_batch, fanout(training)):
         lps = score(decoder, own, piece, training)
         batch = [own[i] for i in piece.members]
@@ -402,6 +405,7 @@ def _epoch(
         old = padded([r.old_logprobs for r in batch], width)
         ref = padded([r.ref_logprobs for r in batch], width) if kl_coef > 0 else None
         adv = torch.tensor([r.advantage for r in batch], dtype=torch.float32)
+        adv = terms.corrected(batch, adv, mask)  # a sampler that is not the trainer
         out = policy_loss(
             logp,
             old,

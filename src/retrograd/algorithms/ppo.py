@@ -42,7 +42,7 @@ import torch
 
 from retrograd.algorithms import context, frame, persist, rollout_run
 from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
-from retrograd.algorithms.policy_terms import PolicyTerms
+from retrograd.algorithms.policy_terms import PolicyTerms, sampler_cap
 from retrograd.algorithms.rollout_run import RolloutResult
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition
@@ -109,7 +109,7 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> PPORes
     stream = PromptStream(b.prompts, "sequential", p.sampling.seed)
     settings = {
         "ppo": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
-        "fast_sampling_context": training.fast_sampling_context,
+        **rollout_run.sampler_identity(training),
     }
     run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
 
@@ -300,7 +300,7 @@ def _epoch(
     computes (its ratios are exactly 1)."""
     p, training = cfg.ppo, cfg.training
     total = float(sum(r.n_tokens for r in answers))
-    terms = PolicyTerms(total, len(answers), first=first)
+    terms = PolicyTerms(total, len(answers), first=first, is_cap=sampler_cap(training))
     for piece in pieces(own, training.micro_batch, fanout(training)):
         lps = score(decoder, own, piece, training)
         batch = [own[i] for i in piece.members]
@@ -311,6 +311,7 @@ def _epoch(
         mask = padded([np.ones(len(lp), np.float32) for lp in lps], width).to(dev)
         old = padded([r.old_logprobs for r in batch], width).to(dev)
         adv = padded([r.token_advantages for r in batch], width).to(dev)
+        adv = terms.corrected(batch, adv, mask)  # a sampler that is not the trainer
         out = policy_loss(
             logp,
             old,

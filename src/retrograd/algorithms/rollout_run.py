@@ -18,7 +18,7 @@ from retrograd.algorithms import context, persist
 from retrograd.algorithms.evaluate import first_last
 from retrograd.checkpoint import outputs
 from retrograd.data.prompts import read_prompts, render_prompts
-from retrograd.sampling.backend import RolloutBackend, in_process
+from retrograd.sampling.backend import RolloutBackend, rollout_backend
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Built:
 def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> Built:
     """Everything that can be checked is checked before the model loads; then the model, the
     rendered prompts, the plan (any trainable mode), the optimizer and the rollout backend
-    (the in-process sampler, sampling/backend.py). `where`
+    ([training].rollout_backend's, sampling/backend.py). `where`
     names the prompts key in errors ("[ppo].prompts"); `concurrency`, the loop's answers
     generated at once, raises the derived generation batch (context.generation_batch)."""
     training = cfg.training
@@ -76,11 +76,21 @@ def build(cfg, prompts_path, where: str, sinks, run_file, concurrency: int) -> B
     prompts = render_prompts(prompt_file, chat, training.ctx)
     held = render_prompts(held_file, chat, training.ctx) if held_file else None
     tr = context.trainables(model, cfg)  # any [training].trainable mode
-    backend = in_process(model, training, concurrency)
+    backend = rollout_backend(model, training, concurrency, tr.adapters)
     return Built(
         model, prompt_file, held_file, prompts, held, tr.plan, tr.adapters, tr.named, tr.params,
         tr.optimizer, tr.rate, backend, tr.trained,
     )  # fmt: skip
+
+
+def sampler_identity(training) -> dict:
+    """What of [training] changes the answers a resumed run samples: the sampling context, and
+    the rollout backend with its importance-weight cap when it is not the default (so the
+    checkpoints of in-process runs keep their identity)."""
+    out = {"fast_sampling_context": training.fast_sampling_context}
+    if training.rollout_backend != "in_process":
+        out |= {"rollout_backend": training.rollout_backend, "is_cap": training.rollout_is_cap}
+    return out
 
 
 def open_observe(cfg, algorithm: str, settings: dict, update: int, found, sinks, world=None):

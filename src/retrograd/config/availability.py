@@ -142,6 +142,15 @@ ENTRIES: dict[tuple[str, str], Availability] = {
         "chat and serve with fast_sampling_context (f16 is 16 bits: bf16 on a bf16 compute "
         "path; exact sampling keeps f32); no effect on preference, which keeps no cache",
     ),
+    ("training", "rollout_backend"): _entry(
+        NOT_READ,
+        "honoured by ppo and grpo; llama_cpp refused for sft, preference, distill and "
+        "agent_grpo and with a trainable mode other than lora; one process only, on a CPU "
+        "unless llama-cpp-python was built for the GPU (docs/sampling.md)",
+    ),
+    ("training", "rollout_is_cap"): _entry(
+        NOT_READ, 'honoured with rollout_backend = "llama_cpp", refused without it'
+    ),
     **{
         ("training", name): _entry(NOT_READ, f"honoured; other than the default, needs {switch}")
         for name, _, switch in SWITCHED_KEYS

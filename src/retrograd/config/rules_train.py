@@ -165,6 +165,62 @@ def generation_keys(d: Draft) -> Iterator[Issue]:
         )
 
 
+# The runs llama.cpp samples for: the prompt-driven rollouts whose policy pass corrects for a
+# sampler that is not the trainer (agentic GRPO keeps each trajectory's keys and values
+# between turns, which only the in-process sampler does).
+LLAMA_CPP_ALGORITHMS = ("ppo", "grpo")
+
+
+_NOT_LLAMA_CPP = {
+    "sft": "sft samples nothing",
+    "preference": "preference samples nothing",
+    "distill": "distill samples in_process in this version",
+    "agent_grpo": "agent_grpo keeps keys and values between turns, which only in_process does",
+}
+
+
+@rule
+def rollout_backend_keys(d: Draft) -> Iterator[Issue]:
+    """rollout_backend = "llama_cpp" where llama.cpp can sample the answers: a prompt-driven
+    rollout run of an adapter (llama.cpp applies a LoRA; trained base tensors would have to be
+    written into a new model file after every step); rollout_is_cap only with it."""
+    t = d.get("training")
+    if t.rollout_backend == "in_process":
+        if _changed(t, "rollout_is_cap"):
+            yield issue(
+                "training",
+                "rollout_is_cap",
+                'read only with rollout_backend = "llama_cpp" (the in-process sampler is the '
+                "trainer); remove it",
+                t.rollout_is_cap,
+            )
+        return
+    if d.algorithm not in LLAMA_CPP_ALGORITHMS:
+        yield issue(
+            "training",
+            "rollout_backend",
+            f"samples the answers of ppo and grpo only; {_NOT_LLAMA_CPP.get(d.algorithm)}",
+            t.rollout_backend,
+        )
+    if d.algorithm == "ppo" and d.need("ppo").sampling.temperature != 1.0:
+        # GRPO enforces temperature 1; PPO scores at 1 whatever it samples at
+        yield issue(
+            "training",
+            "rollout_backend",
+            '"llama_cpp" needs [ppo.sampling].temperature = 1.0: its importance weights '
+            "compare the trainer's temperature-1 probabilities with the sampler's",
+            t.rollout_backend,
+        )
+    if d.mode != "lora":
+        yield issue(
+            "training",
+            "rollout_backend",
+            f'needs trainable = "lora" (llama.cpp applies the adapter; the '
+            f"{d.mode} mode trains base tensors it would not see)",
+            t.rollout_backend,
+        )
+
+
 # Keys read only when another key turns their feature on: (key, the switch, its wording).
 # A value other than the default without the switch would be silently ignored, so it is refused.
 SWITCHED_KEYS = (

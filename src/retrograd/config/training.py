@@ -98,6 +98,20 @@ class TrainingSection(Section):
         "KV cache type, f16 or f32, of generation and of a window's earlier training passes; "
         "f32 where the device needs it.",
     )
+    rollout_backend: Literal["in_process", "llama_cpp"] = key(
+        "in_process",
+        "What samples the answers of ppo and grpo: in_process (our sampler on the training "
+        "model's weights) or llama_cpp (llama.cpp's batched decoding of the GGUF "
+        "as stored, the adapter applied after each update; needs llama-cpp-python and "
+        "trainable = lora).",
+    )
+    rollout_is_cap: float = key(
+        2.0,
+        "Cap C of the truncated importance weights min(pi_old / pi_sampler, C) that correct "
+        "each token's surrogate term when the sampler is not the trainer (rollout_backend = "
+        "llama_cpp); at least 1.",
+        ge=1,
+    )
     gradient_checkpointing: bool = key(False, "Recompute activations to save memory.")
     checkpoint_every_n_layers: int = key(
         4, "Layers between stored activations when gradient checkpointing.", ge=1

@@ -42,6 +42,10 @@ CLIP_FRACTION = "policy/clip_fraction"
 TOTAL_LOSS = "policy/total_loss"
 KL_COEFFICIENT = "policy/kl_coefficient"
 SAMPLER_LOGPROB_GAP = "policy/sampler_logprob_gap"
+# When the sampler is not the trainer: the truncated importance weights' mean over the trained
+# tokens and the share the cap cut ([training].rollout_is_cap, losses/correction.py)
+SAMPLER_IS_WEIGHT_MEAN = "policy/sampler_is_weight_mean"
+SAMPLER_IS_TRUNCATED = "policy/sampler_is_truncated_fraction"
 # Ours too, to see an update's size and health (GRPO and PPO): the ratio's mean and extremes
 # over the trained tokens, the clipped share split by side, the sample estimate of the
 # entropy (mean -log pi_old of the sampled tokens), the gradient norm before clipping, the

@@ -21,9 +21,11 @@ finish reason and the decoded text. The contract every backend keeps (docs/distr
 - `close()` releases what the backend holds; the loops call it once, at the end.
 
 `InProcessBackend` is the sampler in this process (sampling/engine.py) on the training
-model's own decoder; a backend that samples elsewhere implements the same three methods
-(docs/distributed.md, "The rollout backend"). Agentic GRPO's multi-turn rollouts keep keys and
-values between turns (`turns`): an in-process facility, which another backend would replace
+model's own decoder; `LlamaCppBackend` (llamacpp.py) decodes the run's GGUF as stored with
+llama.cpp and applies the policy's adapter after each update; a backend that samples elsewhere
+implements the same three methods (docs/distributed.md, "The rollout backend"). `rollout_backend`
+builds the one [training].rollout_backend names. Agentic GRPO's multi-turn rollouts keep keys
+and values between turns (`turns`): an in-process facility, which another backend would replace
 by sending each turn's whole conversation.
 """
 
@@ -32,7 +34,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from retrograd.sampling.engine import PREFILL_CHUNK, Sampler, run_settings
+import torch
+
+from retrograd.errors import RolloutBackendError
+from retrograd.sampling.engine import (
+    PREFILL_CHUNK,
+    Sampler,
+    TokenChooser,
+    run_settings,
+    sampling_plan,
+)
 from retrograd.sampling.params import Completion, SampleRequest
 
 LOGITS_BUDGET = 64 << 20  # bytes of output logits a generation batch may hold (formats.md §8.1)
@@ -42,7 +53,7 @@ LOGITS_BUDGET = 64 << 20  # bytes of output logits a generation batch may hold (
 class RolloutBackend(Protocol):
     """What the rollout loops sample through (the module docstring states the contract)."""
 
-    kind: str  # "in_process"; the name a run's logs and docs use
+    kind: str  # "in_process" or "llama_cpp": [training].rollout_backend's word
 
     def generate(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
         """Per request, its n completions in the order of its seeds."""
@@ -115,3 +126,58 @@ def sampler(model, training, concurrency: int) -> Sampler:
 def in_process(model, training, concurrency: int) -> InProcessBackend:
     """The run's in-process backend over `sampler`."""
     return InProcessBackend(sampler(model, training, concurrency))
+
+
+def rollout_backend(model, training, concurrency: int, adapters=None) -> RolloutBackend:
+    """The backend [training].rollout_backend names: `in_process`, or `llama_cpp` over the
+    policy's adapters ({base name: LoRA}) as they are after each step."""
+    if training.rollout_backend == "in_process":
+        return in_process(model, training, concurrency)
+    return llama_cpp(model, training, concurrency, adapters or {})
+
+
+def llama_cpp(model, training, concurrency: int, adapters):
+    """The llama.cpp backend over the model's file, with the run's sampling context: a float32
+    KV cache and no flash attention where fast_sampling_context is off or kv_dtype is f32;
+    the model's threads; up to `concurrency` answers decoded at once; prompts in passes of
+    the generation batch. Refused (RolloutBackendError) with several ranks, and for a model on
+    a GPU when llama.cpp was built for the CPU alone."""
+    from retrograd.checkpoint.run import adapter_arrays
+    from retrograd.distributed import world
+    from retrograd.sampling.llamacpp import (
+        MAX_SEQUENCES,
+        AdapterSource,
+        LlamaCppBackend,
+        LlamaCppSettings,
+        gpu_offload,
+    )
+    from retrograd.trainable.plan import trained_parameters
+
+    key = '[training].rollout_backend = "llama_cpp"'
+    if world().size > 1:
+        raise RolloutBackendError(f"{key}: one process only; run without torchrun, or in_process")
+    on_gpu = model.device.type != "cpu"
+    if on_gpu and not gpu_offload():
+        raise RolloutBackendError(
+            f"{key}: the model trains on {model.device.type} and this llama-cpp-python was "
+            "built for the CPU alone; install a GPU build (CMAKE_ARGS=-DGGML_CUDA=on), set "
+            '[model].device = "cpu", or sample in_process'
+        )
+    fast = training.fast_sampling_context
+    settings = LlamaCppSettings(
+        threads=training.threads or torch.get_num_threads(),
+        sequences=min(max(1, concurrency), MAX_SEQUENCES),
+        ctx=training.ctx,
+        batch=generation_batch(training, model.config.n_vocab, concurrency),
+        kv_f32=not fast or training.kv_dtype == "f32",
+        flash=fast,
+        gpu_layers=-1 if on_gpu else 0,
+    )
+    source = None
+    if adapters:
+        alpha = next(iter(adapters.values())).alpha  # one alpha: the plan's (or the file's)
+        source = AdapterSource(
+            model.config.name, alpha, lambda: adapter_arrays(trained_parameters(adapters))
+        )
+    chooser = TokenChooser(model.tokenizer, max_len=training.ctx, plan=sampling_plan(model.decoder))
+    return LlamaCppBackend(model.gguf.path, chooser, settings, source, model.config.n_vocab)

@@ -49,7 +49,9 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 GGML_F16, GGML_F32 = 1, 0  # ggml_type of the KV cache
 FLASH_AUTO, FLASH_OFF = -1, 0  # llama_flash_attn_type
 WARN, ERROR = 3, 4  # ggml_log_level
-INSTALL = "pip install llama-cpp-python==0.3.36 (the Makefile's build flags: docs/sampling.md)"
+INSTALL = (
+    "pip install 'retrograd[llama-cpp]' (llama-cpp-python 0.3.36; build flags: docs/sampling.md)"
+)
 
 
 @dataclass(frozen=True)

@@ -97,3 +97,43 @@ def test_prompt_file_keeps_a_rubric_and_the_last_user_text(tmp_path):
     [line] = read_prompts(path).lines
     assert line.rubric == "a number" and line.key == "p.jsonl:1"
     assert line.messages[-1]["content"] == "2 + 2?"
+
+
+def test_the_policy_pass_weighs_advantages_only_when_the_sampler_is_not_the_trainer():
+    """PolicyTerms.corrected: with a cap (rollout_backend = "llama_cpp") each token's advantage
+    is times min(pi_old / pi_sampler, C), after the first pass kept pi_old, and the pass reports
+    the weights' token mean and truncated share; without one the advantages pass unchanged."""
+    import math
+
+    import torch
+
+    from retrograd.algorithms.policy_terms import PolicyTerms, sampler_cap
+    from retrograd.observe import names
+    from retrograd.rollout import spread
+
+    p = prompt(0)
+    a, b = answer(p, 0, 0, 2), answer(p, 0, 1, 1)
+    a.sampler_logprobs = np.array([-1.0, -1.5], np.float32)
+    b.sampler_logprobs = np.array([-3.0], np.float32)
+    lps = [torch.tensor([-1.5, -1.0]), torch.tensor([-0.5])]  # the trainer's first pass
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    terms = PolicyTerms(3.0, 2, first=True, is_cap=2.0)
+    terms.keep_old([a, b], lps)
+    weighted = terms.corrected([a, b], adv, mask)
+    w = [math.exp(-0.5), math.exp(0.5), 2.0]  # e^2.5 cut to 2
+    want = torch.tensor([[w[0], w[1]], [-2.0 * w[2], 0.0]])
+    torch.testing.assert_close(weighted, want)
+    metrics = terms.metrics(spread.current_world())
+    assert metrics[names.SAMPLER_IS_WEIGHT_MEAN] == pytest.approx(sum(w) / 3)
+    assert metrics[names.SAMPLER_IS_TRUNCATED] == pytest.approx(1 / 3)
+    plain = PolicyTerms(3.0, 2, first=True, is_cap=None)
+    assert plain.corrected([a, b], adv, mask) is adv
+    assert names.SAMPLER_IS_WEIGHT_MEAN not in plain.metrics(spread.current_world())
+
+    class Training:
+        rollout_backend, rollout_is_cap = "in_process", 2.0
+
+    assert sampler_cap(Training) is None
+    Training.rollout_backend = "llama_cpp"
+    assert sampler_cap(Training) == 2.0

@@ -172,7 +172,7 @@ RULER = {
 GRPO = {
     **copy.deepcopy(HEAD),
     "run": {"algorithm": "grpo"},
-    "training": TRAINING_ROLLOUT,
+    "training": {**TRAINING_ROLLOUT, "rollout_backend": "llama_cpp", "rollout_is_cap": 3.0},
     "reference": {"model": "ref.gguf", "ctx": 512},
     "evaluation": {"data": "held.jsonl", "max_examples": 8, "patience": 2},
     "checkpoint": {"directory": "ckpt", "mode": "best_eval"},

@@ -174,6 +174,15 @@ REFUSED: dict[tuple[str, str], tuple[dict, str]] = {
         {"training": {"shared_prefix_fanout": "off"}},
         '[training].shared_prefix_fanout = "off": read only by runs that score answers',
     ),
+    ("training", "rollout_backend"): (
+        {"training": {"rollout_backend": "llama_cpp"}},
+        '[training].rollout_backend = "llama_cpp": samples the answers of ppo and grpo only; '
+        "sft samples nothing",
+    ),
+    ("training", "rollout_is_cap"): (
+        {"training": {"rollout_is_cap": 3.0}},
+        '[training].rollout_is_cap = 3.0: read only with rollout_backend = "llama_cpp"',
+    ),
     ("training", "checkpoint_every_n_layers"): (
         {"training": {"checkpoint_every_n_layers": 2}},
         "[training].checkpoint_every_n_layers = 2: needs gradient_checkpointing = true",

@@ -584,6 +584,48 @@ CASES = [
         "distill does not",
     ),
     (
+        "llama_cpp backend not for distillation",
+        run_doc("grpo", training={"rollout_backend": "llama_cpp"}),
+        run_doc("distill", training={"rollout_backend": "llama_cpp"}),
+        'run.toml: [training].rollout_backend = "llama_cpp": samples the answers of ppo and '
+        "grpo only; distill samples in_process in this version",
+    ),
+    (
+        "llama_cpp backend not for agentic GRPO",
+        run_doc("grpo", training={"rollout_backend": "llama_cpp"}),
+        run_doc("agent_grpo", training={"rollout_backend": "llama_cpp"}),
+        'run.toml: [training].rollout_backend = "llama_cpp": samples the answers of ppo and '
+        "grpo only; agent_grpo keeps keys and values between turns",
+    ),
+    (
+        "llama_cpp backend for PPO at temperature 1",
+        run_doc(
+            "ppo", training={"rollout_backend": "llama_cpp"}, ppo={"sampling": {"temperature": 1.0}}
+        ),
+        run_doc("ppo", training={"rollout_backend": "llama_cpp"}),  # at 0.7
+        'run.toml: [training].rollout_backend = "llama_cpp": "llama_cpp" needs '
+        "[ppo.sampling].temperature = 1.0",
+    ),
+    (
+        "llama_cpp backend only for an adapter",
+        run_doc("grpo", training={"rollout_backend": "llama_cpp"}),
+        run_doc("grpo", training={**FULL, **{"rollout_backend": "llama_cpp"}}, lora=None),
+        'run.toml: [training].rollout_backend = "llama_cpp": needs trainable = "lora" '
+        "(llama.cpp applies the adapter; the full mode trains base tensors it would not see)",
+    ),
+    (
+        "rollout_is_cap only with the llama_cpp backend",
+        run_doc("grpo", training={**{"rollout_backend": "llama_cpp"}, "rollout_is_cap": 3.0}),
+        run_doc("grpo", training={"rollout_is_cap": 3.0}),
+        '[training].rollout_is_cap = 3.0: read only with rollout_backend = "llama_cpp"',
+    ),
+    (
+        "rollout_is_cap at least 1",
+        run_doc("grpo", training={**{"rollout_backend": "llama_cpp"}, "rollout_is_cap": 1.0}),
+        run_doc("grpo", training={**{"rollout_backend": "llama_cpp"}, "rollout_is_cap": 0.9}),
+        "[training].rollout_is_cap = 0.9: must be at least 1",
+    ),
+    (
         "max_examples only for rollouts",
         run_doc("grpo", evaluation={"data": "e", "max_examples": 4}),
         run_doc("sft", evaluation={"data": "e", "max_examples": 4}),
