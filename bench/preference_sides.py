@@ -283,6 +283,7 @@ def worker_ours(args) -> dict:
     pair one pass (its prompt once, both answers attending to it: shared_prefix_fanout auto)."""
     import torch
 
+    import retrograd.algorithms.pairs as pairs
     import retrograd.algorithms.preference as preference
     from retrograd.config import load_run
     from retrograd.observe import names
@@ -319,7 +320,7 @@ def worker_ours(args) -> dict:
             ends.append(time.perf_counter())
             losses.append(round(values[names.PREFERENCE_LOSS], 4))
 
-    reference_scores = preference.reference_scores
+    reference_scores = pairs.reference_scores
 
     def timed(*a, **k):
         t = time.perf_counter()
@@ -328,7 +329,7 @@ def worker_ours(args) -> dict:
         scores.update(out)
         return out
 
-    preference.reference_scores = timed  # run_preference calls it through the module
+    pairs.reference_scores = timed  # run_preference calls it through the module
     preference.run_preference(load_run(run_file), sinks=Clock(quiet=True), run_file=run_file)
     n = len(scores["train"].chosen)
     return (

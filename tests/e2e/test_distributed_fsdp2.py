@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from retrograd.algorithms.preference import REFERENCE, decode_scores
+from retrograd.algorithms.pairs import REFERENCE, decode_scores
 from tests.e2e.test_distributed import (
     assert_same_adapter,
     dpo_runs,

@@ -84,13 +84,8 @@ def held_out_before(cfg) -> dict[str, float]:
     """The held-out statistics of the untrained model, as the run's evaluation computes them."""
     import retrograd
     from retrograd.algorithms import context
-    from retrograd.algorithms.preference import (
-        NEEDS_REFERENCE,
-        load_pairs,
-        loss_of,
-        reference_scores,
-        score_pairs,
-    )
+    from retrograd.algorithms.pairs import reference_scores, score_pairs
+    from retrograd.algorithms.preference import NEEDS_REFERENCE, load_pairs, loss_of
 
     model = retrograd.load(cfg.model.path, device="cpu")
     _, held, _ = load_pairs(cfg, context.file_chat_format(cfg.model.path))
@@ -158,13 +153,8 @@ def test_shared_prompt_pass_gives_the_loss_and_gradients_of_rows(chat_model, tmp
     two rows (off): the same loss and the same gradients, in float32."""
     import retrograd
     from retrograd.algorithms import context
-    from retrograd.algorithms.preference import (
-        Scores,
-        load_pairs,
-        loss_of,
-        pieces_of,
-        score_pairs,
-    )
+    from retrograd.algorithms.pairs import Scores, pieces_of, score_pairs
+    from retrograd.algorithms.preference import load_pairs, loss_of
     from retrograd.data.pairs import TokenPair
     from retrograd.trainable.lora import attach_lora
 

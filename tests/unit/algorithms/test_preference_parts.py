@@ -8,18 +8,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from retrograd.algorithms.preference import (
+from retrograd.algorithms.pairs import (
     FIRST,
     REFERENCE,
     PairStats,
     Scores,
     decode_scores,
-    drop_warning,
     encode_scores,
     pieces_of,
     shared_tokens,
-    steps_of,
 )
+from retrograd.algorithms.preference import drop_warning, steps_of
 from retrograd.data.pairs import TokenPair
 from retrograd.errors import CheckpointError
 
