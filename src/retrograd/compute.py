@@ -233,7 +233,8 @@ class Resolved:
         graph = "on" if self.decode_graph is None else f"off: {self.decode_graph}"
         compiled = "compiled" if plan.compile else "eager"
         return [
-            f"compute: {self.threads} threads{by('threads')}, OpenMP wait {wait}; fused kernels "
+            f"compute: {str(self.dtype).replace('torch.', '')}{by('dtype')}, {self.threads} "
+            f"threads{by('threads')}, OpenMP wait {wait}; fused kernels "
             f"{compiled}{by('RETRO_COMPILE')}; decode graph {graph}; products "
             f"{plan.weights.products}",
             f"sampling: {s.backend.replace('_', '-')}, "
@@ -249,6 +250,7 @@ class Resolved:
 _USING: contextvars.ContextVar[ForwardPlan | None] = contextvars.ContextVar(
     "retrograd_forward_plan", default=None
 )
+_FROM_ENVIRONMENT = {on: ForwardPlan(compile=on) for on in (True, False)}  # read per call
 _INSTALLED: list[ComputePlan | None] = [None]
 _INSTALLED_FORWARD: list[ForwardPlan | None] = [None]
 
@@ -272,7 +274,7 @@ def current() -> ForwardPlan:
     plan = _INSTALLED_FORWARD[0]
     if plan is not None:
         return plan
-    return ForwardPlan(compile=environ.get("RETRO_COMPILE"))
+    return _FROM_ENVIRONMENT[environ.get("RETRO_COMPILE")]
 
 
 @contextlib.contextmanager

@@ -107,14 +107,15 @@ def _layer(block, dtype: torch.dtype) -> Layer:
         # nn.Module attribute lookups cost ~0.3 ms for Gemma 3 270M's 18 layers)
         base = block.layer()
         groups = (base.qkv, (base.out,), base.up, (base.down,))
-        parts = block._decode_parts = (base, groups, [[lin.frozen for lin in g] for g in groups])
-    base, groups, frozen = parts
-    cache = frozen[0][0].cache
-    handles = [
-        (cache.packed(f, dtype), tuple(w.shape[0] for w in f), tuple(_extras(lin) for lin in g))
-        for g, f in zip(groups, frozen, strict=True)
-    ]
-    return base._replace(qkv=handles[0], out=handles[1], up=handles[2], down=handles[3])
+        frozen = tuple([lin.frozen for lin in g] for g in groups)
+        sizes = tuple(tuple(w.shape[0] for w in f) for f in frozen)
+        parts = block._decode_parts = (base[:8], groups, frozen, sizes, frozen[0][0].cache)
+    head, groups, frozen, sizes, cache = parts
+    qkv, out, up, down = (
+        (cache.packed(f, dtype), n, tuple([_extras(lin) for lin in g]))
+        for g, f, n in zip(groups, frozen, sizes, strict=True)
+    )
+    return Layer(*head, qkv, out, up, down)
 
 
 def _extras(lin):
