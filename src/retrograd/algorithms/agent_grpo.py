@@ -45,8 +45,9 @@ from retrograd.agent.rollout import AgentRoller
 from retrograd.agent.scenarios import read_scenarios
 from retrograd.agent.scores import USABLE, drop_and_advantage
 from retrograd.agent.trajectory import Trajectory
-from retrograd.algorithms import context, frame, persist, rollout_run
-from retrograd.algorithms.evaluate import Patience, report_rewards, reward_summary
+from retrograd.algorithms import context, frame, persist
+from retrograd.algorithms.evaluate import report_rewards, reward_summary
+from retrograd.algorithms.frame import Patience
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.errors import TrainingError
@@ -206,7 +207,8 @@ def _train(cfg, arena, scenario_file, held_file, resume, sinks, run_file, starte
     if found is not None:
         sinks.resumed(found[1], pos.global_step)
     result = AgentResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = rollout_run.open_observe(cfg, "agent_grpo", settings, pos.update, found, sinks, ranks)
+    resumed = found is not None
+    observe = frame.open_observe(cfg, "agent_grpo", settings, pos.update, resumed, sinks.console)
     try:
         # 3. updates
         for update in range(pos.update + 1, a.updates + 1):

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, frame, persist
-from retrograd.algorithms.evaluate import Patience
+from retrograd.algorithms.frame import Patience
 from retrograd.algorithms.step import checked_step
 from retrograd.checkpoint import DatasetPosition, outputs
 from retrograd.data.prompts import read_prompts, render_prompts

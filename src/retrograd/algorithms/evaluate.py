@@ -107,44 +107,8 @@ def teacher_agreement(
     return TeacherAgreement(*(float(v) / n for v in sums), count)
 
 
-def epoch_evaluation_due(cfg, epoch: int) -> bool:
-    """Whether [evaluation] runs after `epoch` (counted from 0): every every_iterations
-    epochs, and after the last one (SFT and preference runs)."""
-    every = cfg.evaluation.every_iterations
-    return (epoch + 1) % every == 0 or epoch + 1 == cfg.training.epochs
-
-
 def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))
-
-
-@dataclass
-class Patience:
-    """Stop after `patience` evaluations without an improvement of at least `min_delta`."""
-
-    patience: int | None
-    min_delta: float = 0.0
-    best: float = float("inf")
-    stale: int = 0
-
-    @classmethod
-    def of(cls, evaluation) -> Patience:
-        """The run's [evaluation] patience and min_delta (none without the section)."""
-        if evaluation is None:
-            return cls(None)
-        return cls(evaluation.patience, evaluation.min_delta)
-
-    def update(self, loss: float) -> bool:
-        """Record an evaluation; True when it improved on the best."""
-        if loss < self.best - self.min_delta:
-            self.best, self.stale = loss, 0
-            return True
-        self.stale += 1
-        return False
-
-    @property
-    def stop(self) -> bool:
-        return self.patience is not None and self.stale >= self.patience
 
 
 def report_rewards(rewards: list[float], pos, patience, result, sinks, seconds: float) -> bool:
@@ -214,7 +178,7 @@ def held_out_rewards(
     ]
     answers = [a for [a] in backend.generate(requests)]
     replies = program.score(
-        [RewardRequest(p.text, a.text) for p, a in zip(prompts, answers, strict=True)]
+        [RewardRequest(p.text, a.text, p.record) for p, a in zip(prompts, answers, strict=True)]
     )
     return [r.reward for r in replies], answers
 
@@ -230,8 +194,51 @@ def spread_rewards(backend, program, prompts, sampling, world) -> list[float]:
     return spread(prompts, mine, world)
 
 
-def first_last(values: list[float]) -> str:
-    """The summary's "first -> last update" of a rollout loop's mean rewards."""
-    if not values:
-        return "no update ran"
-    return f"{values[0]:.4f} -> {values[-1]:.4f}"
+def reward_values(rewards: list[float]) -> dict[str, float]:
+    """A scheduled evaluation's eval/* values of a rollout loop's held-out rewards."""
+    from retrograd.observe import names
+
+    return {
+        names.EVAL_MEAN_REWARD: float(sum(rewards) / len(rewards)),
+        names.EVAL_REWARD_MIN: float(min(rewards)),
+        names.EVAL_REWARD_MAX: float(max(rewards)),
+    }
+
+
+def reward_evaluation(scheduled, measured=None):
+    """A rollout loop's held-out measure (frame.Evaluation): `scheduled(cfg)` the held-out
+    rewards, every rank calling it; `measured(cfg)` the same for a client's evaluate (one
+    process; `scheduled` when None). Patience reads the mean reward (higher is better).
+    Without held-out data (scheduled None) nothing is evaluated."""
+    from retrograd.algorithms.frame import Evaluation
+    from retrograd.observe import names
+
+    if scheduled is None:
+        return Evaluation(None, measure=lambda cfg: None)
+    measured = measured or scheduled
+    return Evaluation(
+        lambda cfg: reward_values(scheduled(cfg)),
+        names.EVAL_MEAN_REWARD,
+        higher_is_better=True,
+        measure=lambda cfg: reward_summary(measured(cfg)),
+    )
+
+
+def prompt_evaluation(backend, program, held, sampling, world):
+    """GRPO's and PPO's held-out measure: one answer per held-out prompt (the first
+    [evaluation].max_examples), sampled from the rollout backend with seeds fixed for the run
+    and rewarded by the program without a judge; each rank answers a block of them."""
+    from retrograd.rollout.sample import held_out
+
+    if held is None:
+        return reward_evaluation(None)
+
+    def scheduled(cfg) -> list[float]:
+        prompts = held_out(held, cfg.evaluation.max_examples)
+        return spread_rewards(backend, program, prompts, sampling, world)
+
+    def measured(cfg) -> list[float]:
+        prompts = held_out(held, cfg.evaluation.max_examples)
+        return held_out_rewards(backend, program, prompts, sampling)[0]
+
+    return reward_evaluation(scheduled, measured)

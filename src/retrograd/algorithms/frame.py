@@ -24,7 +24,6 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from retrograd.algorithms import context
-from retrograd.algorithms.evaluate import Patience
 from retrograd.checkpoint import DatasetPosition, Progress, step_id
 from retrograd.checkpoint import run as checkpoints
 from retrograd.checkpoint.export import export_or_keep
@@ -227,6 +226,35 @@ def frozen(values: Mapping[str, float]) -> Mapping[str, float]:
 
 
 # -- the records ------------------------------------------------------------------------------
+
+
+@dataclass
+class Patience:
+    """Stop after `patience` evaluations without an improvement of at least `min_delta`."""
+
+    patience: int | None
+    min_delta: float = 0.0
+    best: float = float("inf")
+    stale: int = 0
+
+    @classmethod
+    def of(cls, evaluation) -> Patience:
+        """The run's [evaluation] patience and min_delta (none without the section)."""
+        if evaluation is None:
+            return cls(None)
+        return cls(evaluation.patience, evaluation.min_delta)
+
+    def update(self, loss: float) -> bool:
+        """Record an evaluation; True when it improved on the best."""
+        if loss < self.best - self.min_delta:
+            self.best, self.stale = loss, 0
+            return True
+        self.stale += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.patience is not None and self.stale >= self.patience
 
 
 @dataclass(frozen=True)
@@ -486,7 +514,12 @@ def open_run(
     if source is not None:
         door.sinks.resumed(source, pos.global_step)
     closing = ExitStack()
-    writer = _observe(cfg, observe, inputs.settings, pos, source, console) if observe else None
+    resumed = source is not None
+    writer = (
+        open_observe(cfg, observe, inputs.settings, pos.update, resumed, console)
+        if observe
+        else None
+    )
     if writer is not None:
         closing.callback(writer.close)
     result = Result(Path(cfg.output.path), pos.global_step, pos.update or pos.epoch)
@@ -499,7 +532,7 @@ def open_run(
     return run
 
 
-def _observe(cfg, algorithm: str, settings: dict, pos: Position, source, console):
+def open_observe(cfg, algorithm: str, settings: dict, update: int, resumed: bool, console=None):
     """The run's [observe] writer (None without the section, and on every rank but rank 0),
     told the update a resumed run continues after."""
     from retrograd import distributed
@@ -512,7 +545,7 @@ def _observe(cfg, algorithm: str, settings: dict, pos: Position, source, console
         algorithm=algorithm,
         model=cfg.model.path,
         params=settings,
-        resumed_from_update=pos.update if source is not None else None,
+        resumed_from_update=update if resumed else None,
         console=console,
     )
 

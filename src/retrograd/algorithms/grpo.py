@@ -1,8 +1,9 @@
 """GRPO: group-relative policy optimisation of a LoRA adapter, scored by a reward program.
 
-Each update: 1. choose prompts  2. sample a group of answers per prompt  3. reward them  4.
-advantages  5. reference scores  6. grpo_epochs optimizer passes  7. report, observe,
-evaluate, checkpoint. The variant (rollout/shaping.py, losses/policy.py say the formulas):
+Each update: 1. choose prompts  2. sample a group of answers per prompt  3. reward them (a
+reward program, Python reward functions, a judge)  4. advantages  5. reference scores  6.
+grpo_epochs optimizer passes (policy.py)  7. report, observe, evaluate, checkpoint (frame.py).
+Phases 4-6 are `train_update`, which also trains on a caller's own groups. The variant (rollout/shaping.py, losses/policy.py say the formulas):
 - advantages are the reward minus the group's baseline (its mean, or leave-one-out), not
   divided by the group's standard deviation (Dr. GRPO); a group whose rewards are all equal
   carries no signal and does not train; with [grpo.dynamic_sampling] it is replaced by a group
@@ -34,35 +35,34 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import torch
 
-from retrograd.algorithms import context, frame, persist, rollout_run
-from retrograd.algorithms.evaluate import Patience, report_rewards, spread_rewards
-from retrograd.algorithms.policy_terms import PolicyTerms, sampler_cap
-from retrograd.algorithms.rollout_run import RolloutResult
-from retrograd.algorithms.step import checked_step
-from retrograd.checkpoint import DatasetPosition
+from retrograd.algorithms import context, frame, policy
+from retrograd.algorithms.evaluate import prompt_evaluation
 from retrograd.errors import JudgeError, TrainingError
-from retrograd.losses.policy import policy_loss
 from retrograd.observe import names
-from retrograd.optim import lr_at
+from retrograd.rewards.callables import open_rewards
 from retrograd.rewards.judge import group_id, open_judge
-from retrograd.rewards.program import RewardRequest, reward_program
+from retrograd.rewards.program import RewardRequest
 from retrograd.rewards.ruler.prompt import Candidate
 from retrograd.rollout import spread
-from retrograd.rollout.passes import fanout, frozen_logprobs, padded, pieces, score
-from retrograd.rollout.records import Group, Rollout
-from retrograd.rollout.sample import PromptStream, held_out, sample_groups
+from retrograd.rollout.metrics import (
+    advantage_metrics,
+    answer_metrics,
+    group_metrics,
+    reward_metrics,
+)
+from retrograd.rollout.passes import attach_logprobs
+from retrograd.rollout.records import Group
+from retrograd.rollout.sample import PromptStream, pass_over, read_prompt_files, sample_groups
 from retrograd.rollout.shaping import (
     KlController,
     apply_overlong_penalty,
     assign_advantages,
     zero_signal,
 )
+from retrograd.sampling.backend import rollout_backend, sampler_identity
 
 log = logging.getLogger(__name__)
 # [grpo] keys that change no step: a resumed run may change them
@@ -73,39 +73,6 @@ _NOT_TRAJECTORY = {
     "reward_timeout_seconds",
     "max_stalled_updates",
 }
-
-
-@dataclass
-class Position:
-    """Where the loop is between two updates: resume continues from exactly here."""
-
-    update: int = 0  # completed updates
-    cursor: int = 0  # prompts drawn so far (the prompt stream's position)
-    global_step: int = 0
-    stalled: int = 0  # updates in a row without signal
-    kl: dict = field(default_factory=dict)  # the KL controller's state
-
-    def mark(self) -> persist.Mark:
-        return persist.Mark(
-            self.global_step,
-            update=self.update,
-            dataset=DatasetPosition(0, self.cursor, {"update": self.update}),
-            extra={"stalled": self.stalled, "kl": dict(self.kl)},
-        )
-
-    @classmethod
-    def restored(cls, state) -> Position:
-        p = state.progress
-        return cls(
-            p.update,
-            state.dataset.index,
-            state.global_step,
-            int(p.extra["stalled"]),
-            dict(p.extra["kl"]),
-        )
-
-
-GRPOResult = RolloutResult
 
 
 def total_steps(cfg) -> int:
@@ -125,147 +92,144 @@ def check_available(cfg) -> None:
     context.check_fanout(cfg.training, "grpo")
 
 
-def run_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> GRPOResult:
-    door = frame.door_of(door, resume=resume, sinks=sinks, run_file=run_file)
-    resume, run_file, sinks = door.resume, door.run_file, persist.Legacy(door)
-    started = time.perf_counter()
-    g, training = cfg.grpo, cfg.training
+def run_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.Result:
+    g, t = cfg.grpo, cfg.training
     # 1. build: everything that can be checked is checked before the model loads
     check_available(cfg)
-    b = rollout_run.build(cfg, g.prompts, "[grpo].prompts", sinks, run_file, concurrency(cfg))
-    model, named, optimizer, plan, adapters = b.model, b.named, b.optimizer, b.plan, b.adapters
-    params, rate, steps, backend, held = b.params, b.rate, total_steps(cfg), b.backend, b.held
-    world = spread.current_world()
-    reference = context.reference(cfg, model, adapters)
-    stream = PromptStream(b.prompts, g.prompt_order, g.sampling.seed)
+    door = frame.prepare(cfg, door, resume=resume, sinks=sinks, run_file=run_file)
+    files = read_prompt_files(cfg, g.prompts, "[grpo].prompts", extra_keys=bool(door.rewards))
+    model = frame.model_of(cfg, door)
+    prompts, held = files.render(context.chat_format(model), t.ctx)
     settings = {
         "grpo": g.model_dump(mode="json", exclude=_NOT_TRAJECTORY),
-        **rollout_run.sampler_identity(training),
+        **sampler_identity(t),
         "reference": context.reference_id(cfg),
     }
-    run = persist.RunIdentity.of(cfg, model.config.name, b.fingerprints, plan, settings)
-
-    # 2. resume
-    pos = Position()
-    # on the negated mean reward: lower is better, as for a loss
-    patience = Patience.of(cfg.evaluation)
+    inputs = frame.Inputs(files.fingerprints, settings, *files.described(prompts, held))
+    label = "mean reward, first -> last update"
+    shape = frame.Shape(total_steps(cfg), g.updates, "update", names.REWARD_MEAN, label)
+    run = frame.open_run(cfg, model, door, inputs, shape, observe="grpo")
+    backend = rollout_backend(model, t, concurrency(cfg), run.tr.adapters)
+    run.closing.callback(backend.close)
+    program = run.closing.enter_context(
+        open_rewards(g, "[grpo]", door.rewards, door.reward_weights)
+    )
+    judge = open_judge(g.judge, "[grpo.judge]", door.run_dir) if g.judge is not None else None
+    run = frame.evaluate_with(run, prompt_evaluation(backend, program, held, g.sampling, run.world))
+    reference = context.reference(cfg, model, run.tr.adapters)
     kl = KlController.from_section(g)
-    found = persist.find_resume(cfg, resume)
-    if found is not None:
-        pos = Position.restored(persist.restore(found, run, named, optimizer, patience))
-        kl.load_state_dict(pos.kl)
-    rollout_run.start(sinks, cfg, b, g.updates, pos, found)
-    result = GRPOResult(Path(cfg.output.path), pos.update, pos.global_step, None, 0.0)
-    observe = rollout_run.open_observe(cfg, "grpo", settings, pos.update, found, sinks, world)
-    program = reward_program(g, "[grpo]")
-    run_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
-    judge = open_judge(g.judge, "[grpo.judge]", run_dir) if g.judge is not None else None
-    try:
-        # 3. updates
+    if run.restored is not None:
+        kl.load_state_dict(run.position.extra["kl"])
+    stream, pos = PromptStream(prompts, g.prompt_order, g.sampling.seed), run.position
+    with run.closing:
         for update in range(pos.update + 1, g.updates + 1):
-            t0 = time.perf_counter()
-            groups, mine, cursor, timing = _sample_and_reward(
-                cfg, backend, stream, program, judge, update, pos.cursor, world
+            began, before = time.perf_counter(), pos.global_step
+            # 2-3. a group per prompt, sampled and rewarded (each rank a block of the prompts)
+            groups, mine, cursor, values = _sample_and_reward(
+                run, backend, stream, program, judge, update, pos.index
             )
             _check_judge_drops(cfg, groups, update)
-            stats = assign_advantages(groups, g.baseline, g.mask_truncated)
-            trained = [r for grp in groups for r in grp.members if r.eligible]
-            # this rank's answers: it scores and back-propagates these
-            own = [r for grp in groups if grp.index in mine for r in grp.members if r.eligible]
-            if observe is not None:  # before training: `trained` comes with the outcome
-                observe.rollouts(update, groups)
-            coef = kl.value(update)
-            values = _rollout_metrics(groups, cursor - pos.cursor, g.prompts_per_update)
-            values.update(stats_names(stats))
-            values.update(timing)
+            members = [r for grp in groups for r in grp.members]
+            values.update(reward_metrics(members) | group_metrics(groups) | answer_metrics(members))
+            values[names.GROUPS_SAMPLED_FRACTION] = (cursor - pos.index) / g.prompts_per_update
             if judge is not None:
                 values.update(_judge_metrics(groups, judge))
-            before = pos.global_step
-            if trained:
-                t1 = time.perf_counter()
-                if coef > 0:
-                    refs = frozen_logprobs(reference, model.decoder, own, training)
-                    for r, lp in zip(own, refs, strict=True):
-                        r.ref_logprobs = lp
-                values[names.SCORING_SECONDS] = time.perf_counter() - t1
-                t1 = time.perf_counter()
-                for epoch in range(g.grpo_epochs):
-                    lr = lr_at(
-                        pos.global_step, steps, rate, training.lr_scheduler, training.warmup_steps
-                    )
-                    out = _epoch(cfg, model.decoder, own, trained, coef, world, epoch == 0)
-                    spread.sum_gradients(params, world)
-                    where = f"update {update}"
-                    loss = out[names.TOTAL_LOSS]
-                    norm = checked_step(params, optimizer, training.max_grad_norm, lr, loss, where)
-                    pos.global_step += 1
-                    backend.policy_changed(pos.global_step)
-                    values.update(out)
-                    values[names.LEARNING_RATE] = lr
-                    values[names.GRAD_NORM] = norm
-                values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
-                for r in trained:
-                    r.trained = True
-                kl.observe(values.get(names.POLICY_KL, 0.0), update)
-                pos.stalled = 0
-            else:
-                pos.stalled += 1
-            for grp in groups:
-                for r in grp.members:
-                    if r.trained is None:
-                        r.trained = False
-            values[names.KL_COEFFICIENT] = coef
-            values[names.OPTIMIZER_STEPS] = pos.global_step
-            pos = Position(update, cursor, pos.global_step, pos.stalled, kl.state_dict())
-            if observe is not None:
-                observe.outcome(update, groups)
-                values[names.OBSERVE_DROPPED] = observe.dropped_batches
-                observe.update(update, "completed" if trained else "skipped", values)
-            tokens = sum(r.n_tokens for grp in groups for r in grp.members)
-            epoch = max(cursor - 1, 0) // len(stream.prompts) + 1  # the pass over the prompts
-            seconds = time.perf_counter() - t0
-            sinks.step(pos.global_step, epoch, values, tokens, seconds, position=update)
-            cfg, rate = persist.boundary(
-                sinks, cfg, patience, lambda c=cfg: rollout_run.measure(c, backend, program, held)
+            # 4-6. advantages, reference scores, grpo_epochs passes
+            pos, values = train_update(
+                run, pos, groups, update, values, mine=mine, cursor=cursor,
+                reference=reference, kl=kl, backend=backend,
+            )  # fmt: skip
+            # 7. report, observe, evaluate, checkpoint
+            trained = pos.extra["stalled"] == 0
+            tokens = sum(r.n_tokens for r in members)
+            epoch = pass_over(cursor, len(prompts))
+            report = frame.Report(
+                values, tokens, began, epoch, before, trained=trained, groups=groups
             )
-            result.rewards.append(values[names.REWARD_MEAN])
-            log.debug("update %d: %s", update, {k: round(v, 4) for k, v in values.items()})
-            # evaluation, then the checkpoint that includes its patience
-            if held is not None and _evaluate_now(cfg, update):
-                improved = _evaluate(cfg, backend, program, held, pos, patience, result, sinks)
-                if improved:
-                    persist.save_best(
-                        cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks
-                    )
-            persist.maybe_checkpoint(
-                cfg, run, pos.mark(), named, optimizer, plan, patience, steps, sinks, before
-            )
-            if patience.stop:
-                result.stopped = "patience"
+            if frame.after_step(run, pos, report):
                 break
-            if g.max_stalled_updates and pos.stalled >= g.max_stalled_updates:
-                result.stopped = f"{pos.stalled} updates in a row without signal"
+            if g.max_stalled_updates and pos.extra["stalled"] >= g.max_stalled_updates:
+                run.result.stopped = f"{pos.extra['stalled']} updates in a row without signal"
                 break
-    finally:
-        program.close()
-        backend.close()
-        if observe is not None:
-            observe.close()
-    # 4. export; if that fails, the trained adapter is kept elsewhere and the error says where
-    return rollout_run.finish(
-        cfg, b, run_file, run, pos.mark(), patience, steps, result, started, sinks
-    )
+    # export; if that fails, the trained adapter is kept elsewhere and the error says where
+    return frame.finish(run, pos)
+
+
+def train_update(
+    run: frame.Run,
+    pos: frame.Position,
+    groups: list[Group],
+    update: int,
+    values: dict[str, float] | None = None,
+    *,
+    mine: set[int] | None = None,
+    cursor: int | None = None,
+    reference=None,
+    kl: KlController | None = None,
+    backend=None,
+) -> tuple[frame.Position, dict[str, float]]:
+    """Phases 4-6 of an update on rewarded `groups` (every member's reward set): advantages,
+    [observe]'s records, reference scores when the KL coefficient is positive (`reference`:
+    context.reference's factory), grpo_epochs optimizer steps on this rank's groups (`mine`:
+    their indices; all of them by default); each member marked trained or not. A caller's own
+    groups train the same way: answers without sampler log-probabilities take the first
+    pass's (ratio 1), and no backend is told. -> (the position after the update, with
+    `cursor` prompts drawn, the stall count and the KL controller; the update's values).
+    Without `reference` and `kl`, the run's: the adapters switched off, a fresh controller."""
+    g, t = run.cfg.grpo, run.cfg.training
+    values = {} if values is None else values
+    kl = kl if kl is not None else KlController.from_section(g)
+    mine = {grp.index for grp in groups} if mine is None else mine
+    stats = assign_advantages(groups, g.baseline, g.mask_truncated)
+    trained = [r for grp in groups for r in grp.members if r.eligible]
+    # this rank's answers: it scores and back-propagates these
+    own = [r for grp in groups if grp.index in mine for r in grp.members if r.eligible]
+    frame.observe_rollouts(run, update, groups)  # before training: `trained` comes with the outcome
+    coef = kl.value(update)
+    values.update(advantage_metrics(stats))
+    step, stalled = pos.global_step, int(pos.extra.get("stalled", 0))
+    if trained:
+        t1 = time.perf_counter()
+        if coef > 0:
+            reference = reference or context.reference(run.cfg, run.model, run.tr.adapters)
+            attach_logprobs(reference, run.model.decoder, own, t, "ref_logprobs")
+        values[names.SCORING_SECONDS] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        tokens = float(sum(r.n_tokens for r in trained))  # the loss is their token mean
+        by_answer = g.importance_sampling_level == "sequence"
+        shape = policy.Pass(tokens, tokens, len(trained), by_answer=by_answer)
+        surrogate = policy.Surrogate.of(g, kl_coef=coef)
+        step, out = policy.train(
+            run, backend, own, surrogate, shape, g.grpo_epochs, f"update {update}", step
+        )
+        values.update(out)
+        values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
+        for r in trained:
+            r.trained = True
+        kl.observe(values.get(names.POLICY_KL, 0.0), update)
+        stalled = 0
+    else:
+        stalled += 1
+    for grp in groups:
+        for r in grp.members:
+            if r.trained is None:
+                r.trained = False
+    values[names.KL_COEFFICIENT] = coef
+    values[names.OPTIMIZER_STEPS] = step
+    cursor = pos.index if cursor is None else cursor
+    return pos.after_update(update, cursor, step, stalled=stalled, kl=kl.state_dict()), values
 
 
 # -- sampling and rewards ------------------------------------------------------------------
 
 
-def _sample_and_reward(cfg, backend, stream, program, judge, update: int, cursor: int, world):
+def _sample_and_reward(run, backend, stream, program, judge, update: int, cursor: int):
     """The update's groups, sampled and rewarded, the indices of those this rank sampled, and
     the prompt cursor after them. Each rank samples and rewards a block of a round's prompts
     (one batch of the reward program each), and every rank gets the round's groups. With
     dynamic sampling, groups without signal are replaced by fresh prompts' groups while the
     prompt budget lasts."""
+    cfg = run.cfg
     g = cfg.grpo
     want = g.prompts_per_update
     budget = want * (g.dynamic_sampling.max_resample_factor if g.dynamic_sampling else 1)
@@ -299,7 +263,7 @@ def _sample_and_reward(cfg, backend, stream, program, judge, update: int, cursor
             mine.update(grp.index for grp in groups)
             return groups
 
-        groups = spread.spread(batch, roll, world)
+        groups = spread.spread(batch, roll, run.world)
         if not g.dynamic_sampling:
             return groups, mine, cursor, timing
         for grp in groups:
@@ -314,7 +278,9 @@ def _reward(cfg, program, judge, groups: list[Group]) -> float:
     overlong penalty applied; -> seconds spent judging."""
     g = cfg.grpo
     members = [r for grp in groups for r in grp.members]
-    replies = program.score([RewardRequest(r.prompt.text, r.text) for r in members])
+    replies = program.score(
+        [RewardRequest(r.prompt.text, r.text, r.prompt.record) for r in members]
+    )
     weights = {}
     for r, reply in zip(members, replies, strict=True):
         r.reward_raw = reply.reward
@@ -379,93 +345,3 @@ def _check_judge_drops(cfg, groups: list[Group], update: int) -> None:
             f"update {update}: the judge failed on {dropped} of {len(groups)} groups, more "
             f"than [grpo].max_judge_dropped_fraction = {limit}; see the judge errors above"
         )
-
-
-# -- scoring and the update ----------------------------------------------------------------
-
-
-def _epoch(
-    cfg, decoder, own: list[Rollout], trained: list[Rollout], kl_coef: float, world, first: bool
-) -> dict[str, float]:
-    """One pass over this rank's answers (`own`, of the update's `trained`): forward, loss and
-    backward per pass of answers, gradients summed (the loss is normalised by the whole
-    update's trained tokens); the terms are summed over the ranks. The first pass stores the
-    old log-probabilities it computes (ratios exactly 1)."""
-    g, training = cfg.grpo, cfg.training
-    total_tokens = float(sum(r.n_tokens for r in trained))
-    by_answer = g.importance_sampling_level == "sequence"
-    terms = PolicyTerms(total_tokens, len(trained), by_answer, first, sampler_cap(training))
-    for piece in pieces(own, training.micro_batch, fanout(training)):
-        lps = score(decoder, own, piece, training)
-        batch = [own[i] for i in piece.members]
-        terms.keep_old(batch, lps)
-        width = max(len(lp) for lp in lps)
-        logp = torch.nn.utils.rnn.pad_sequence(list(lps), batch_first=True)
-        mask = padded([np.ones(len(lp), np.float32) for lp in lps], width)
-        old = padded([r.old_logprobs for r in batch], width)
-        ref = padded([r.ref_logprobs for r in batch], width) if kl_coef > 0 else None
-        adv = torch.tensor([r.advantage for r in batch], dtype=torch.float32)
-        adv = terms.corrected(batch, adv, mask)  # a sampler that is not the trainer
-        out = policy_loss(
-            logp,
-            old,
-            adv,
-            mask,
-            clip_low=g.clip_range_low,
-            clip_high=g.clip_range_high,
-            level=g.importance_sampling_level,
-            ref_logp=ref,
-            kl_coef=kl_coef,
-            normalizer=total_tokens,
-        )
-        out.loss.backward()
-        # the pieces' terms are sums over the update's tokens: they add up to the whole's
-        terms.add(out, mask, len(batch))
-    return terms.metrics(world)
-
-
-# -- metrics and evaluation ----------------------------------------------------------------
-
-
-def stats_names(stats: dict) -> dict[str, float]:
-    return {
-        names.ZERO_STD_GROUP_FRACTION: stats["zero_std_group_fraction"],
-        names.ADVANTAGE_ABS_MEAN: stats["advantage_abs_mean"],
-        names.ADVANTAGE_STD: stats["advantage_std"],
-        names.TRAINED_FRACTION: stats["trained_fraction"],
-    }
-
-
-def _rollout_metrics(groups: list[Group], drawn: int, wanted: int) -> dict[str, float]:
-    members = [r for grp in groups for r in grp.members]
-    rewards = np.array([r.reward for r in members], dtype=np.float64)
-    raw = np.array([r.reward_raw for r in members], dtype=np.float64)
-    lengths = np.array([r.n_tokens for r in members], dtype=np.float64)
-    group_std = [float(np.std(grp.rewards)) for grp in groups]
-    return {
-        names.REWARD_MEAN: float(rewards.mean()),
-        names.REWARD_MIN: float(rewards.min()),
-        names.REWARD_MAX: float(rewards.max()),
-        names.REWARD_STD: float(rewards.std()),
-        names.REWARD_GROUP_STD: float(np.mean(group_std)),
-        names.REWARD_VERIFIABLE_MEAN: float(raw.mean()),
-        names.LENGTH_MEAN: float(lengths.mean()),
-        names.LENGTH_MIN: float(lengths.min()),
-        names.LENGTH_MAX: float(lengths.max()),
-        names.TRUNCATION_FRACTION: float(np.mean([r.truncated for r in members])),
-        names.GROUPS_SAMPLED_FRACTION: drawn / wanted,
-    }
-
-
-def _evaluate_now(cfg, update: int) -> bool:
-    return update % cfg.evaluation.every_iterations == 0 or update == cfg.grpo.updates
-
-
-def _evaluate(cfg, backend, program, held, pos, patience, result, sinks) -> bool:
-    """Mean reward of one answer per held-out prompt (evaluate.held_out_rewards), each rank
-    answering a block of them."""
-    t0 = time.perf_counter()
-    prompts = held_out(held, cfg.evaluation.max_examples)
-    world = spread.current_world()
-    rewards = spread_rewards(backend, program, prompts, cfg.grpo.sampling, world)
-    return report_rewards(rewards, pos, patience, result, sinks, time.perf_counter() - t0)

@@ -54,14 +54,19 @@ class PolicyTerms:
     ratio_min: float = math.inf
     ratio_max: float = -math.inf
 
-    def keep_old(self, batch: list[Rollout], lps: list[torch.Tensor]) -> None:
+    def keep_old(self, batch: list[Rollout], lps: list[torch.Tensor], masked: bool = False) -> None:
         """The first pass: each answer's log-probabilities become its old ones (the ratios are
-        then exactly 1), and their distance to the sampler's and their sum are counted."""
+        then exactly 1), and their distance to the sampler's (over its token_mask's tokens
+        when `masked`: an agent's own) and their sum are counted. An answer without the
+        sampler's log-probabilities (a caller's own record) takes these."""
         for r, lp in zip(batch, lps, strict=True):
             if r.old_logprobs is not None:
                 continue
             r.old_logprobs = lp.detach().float().cpu().numpy().astype(np.float32)
-            self.sums["gap"] += float(np.abs(r.old_logprobs - r.sampler_logprobs).sum())
+            if r.sampler_logprobs is None:  # a caller's record without them: the ratio 1
+                r.sampler_logprobs = r.old_logprobs
+            gap = np.abs(r.old_logprobs - r.sampler_logprobs)
+            self.sums["gap"] += float((gap * r.token_mask if masked else gap).sum())
             self.sums["nll"] -= float(r.old_logprobs.astype(np.float64).sum())
 
     def corrected(

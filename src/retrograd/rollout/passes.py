@@ -122,6 +122,13 @@ def frozen_logprobs(decoder_of, decoder, trained: list[Rollout], training) -> li
     return out
 
 
+def attach_logprobs(decoder_of, decoder, answers: list[Rollout], training, field: str) -> None:
+    """frozen_logprobs of the answers, set as each one's `field` (ref_logprobs,
+    teacher_logprobs)."""
+    for r, lp in zip(answers, frozen_logprobs(decoder_of, decoder, answers, training), strict=True):
+        setattr(r, field, lp)
+
+
 def padded(values: list[np.ndarray], width: int) -> torch.Tensor:
     """(len(values), width) float32, each row's values then zeros."""
     out = torch.zeros(len(values), width)

@@ -9,17 +9,63 @@ the seed derive_seed(sampling.seed, "sample", u, c, j), so a resumed run samples
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from retrograd.data.prompts import Prompt
+from retrograd.data.prompts import Prompt, PromptFile, read_prompts, render_prompts
 from retrograd.data.sft import permutation
 from retrograd.rollout.records import Group, Rollout
 from retrograd.sampling.params import FINISH_LENGTH, SampleRequest, SamplingParams
 from retrograd.seeds import SAMPLE, derive_seed
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PromptFiles:
+    """A rollout loop's prompt file and its held-out one ([evaluation].data), read and checked
+    before the model loads."""
+
+    train: PromptFile
+    held: PromptFile | None
+
+    @property
+    def fingerprints(self) -> dict[str, str | None]:
+        return {
+            "prompts": self.train.fingerprint,
+            "eval": self.held.fingerprint if self.held else None,
+        }
+
+    def render(self, chat, ctx: int) -> tuple[list[Prompt], list[Prompt] | None]:
+        """Both files' prompts as ids, through the model's chat format."""
+        held = render_prompts(self.held, chat, ctx) if self.held else None
+        return render_prompts(self.train, chat, ctx), held
+
+    def described(self, prompts: list, held: list | None) -> tuple:
+        """(path, one line) of the prompts and of the held-out ones (None without)."""
+        train = (self.train.path, f"{self.train.path.name}: {len(prompts)} prompts")
+        if self.held is None:
+            return train, None
+        return train, (self.held.path, f"{self.held.path.name}: {len(held)} prompts")
+
+
+def read_prompt_files(
+    cfg, path: str | Path, where: str, *, extra_keys: bool = False
+) -> PromptFiles:
+    """The prompts at `path` (`where` names its key in errors, "[grpo].prompts") and
+    [evaluation].data's; extra_keys: other keys kept for reward functions (data/prompts.py)."""
+    train = read_prompts(path, where, extra_keys=extra_keys)
+    ev = cfg.evaluation
+    held = read_prompts(ev.data, "[evaluation].data", extra_keys=extra_keys) if ev else None
+    return PromptFiles(train, held)
+
+
+def pass_over(cursor: int, n: int) -> int:
+    """The pass over n prompts (1 first) that the prompt drawn last before `cursor` was in."""
+    return max(cursor - 1, 0) // n + 1
 
 
 class PromptStream(Generic[T]):

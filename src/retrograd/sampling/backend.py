@@ -136,6 +136,16 @@ def rollout_backend(model, training, concurrency: int, adapters=None) -> Rollout
     return llama_cpp(model, training, concurrency, adapters or {})
 
 
+def sampler_identity(training) -> dict:
+    """What of [training] changes the answers a resumed run samples: the sampling context, and
+    the rollout backend with its importance-weight cap when it is not the default (so the
+    checkpoints of in-process runs keep their identity)."""
+    out = {"fast_sampling_context": training.fast_sampling_context}
+    if training.rollout_backend != "in_process":
+        out |= {"rollout_backend": training.rollout_backend, "is_cap": training.rollout_is_cap}
+    return out
+
+
 def llama_cpp(model, training, concurrency: int, adapters):
     """The llama.cpp backend over the model's file, with the run's sampling context: a float32
     KV cache and no flash attention where fast_sampling_context is off or kv_dtype is f32;
