@@ -145,6 +145,17 @@ def preflight_check(model: Model, training, console=None) -> None:
         )
 
 
+def rollout_backend(run, concurrency: int):
+    """An opened run's rollout backend ([training].rollout_backend: sampling/backend.py), told
+    of each new policy by the loop and closed with the run; `concurrency`: the loop's answers
+    sampled at once."""
+    from retrograd.sampling.backend import rollout_backend as backend_of
+
+    backend = backend_of(run.model, run.cfg.training, concurrency, run.tr.adapters)
+    run.closing.callback(backend.close)
+    return backend
+
+
 def check_fanout(training, algorithm: str) -> None:
     """[training].shared_prefix_fanout values the rollout loops (ppo, grpo, on-policy distill,
     agent_grpo) cannot honour yet, refused before anything loads, naming the key

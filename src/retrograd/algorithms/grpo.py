@@ -62,7 +62,7 @@ from retrograd.rollout.shaping import (
     assign_advantages,
     zero_signal,
 )
-from retrograd.sampling.backend import rollout_backend, sampler_identity
+from retrograd.sampling.backend import sampler_identity
 
 log = logging.getLogger(__name__)
 # [grpo] keys that change no step: a resumed run may change them
@@ -109,8 +109,7 @@ def run_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame
     label = "mean reward, first -> last update"
     shape = frame.Shape(total_steps(cfg), g.updates, "update", names.REWARD_MEAN, label)
     run = frame.open_run(cfg, model, door, inputs, shape, observe="grpo")
-    backend = rollout_backend(model, t, concurrency(cfg), run.tr.adapters)
-    run.closing.callback(backend.close)
+    backend = context.rollout_backend(run, concurrency(cfg))
     program = run.closing.enter_context(
         open_rewards(g, "[grpo]", door.rewards, door.reward_weights)
     )

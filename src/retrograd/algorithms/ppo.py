@@ -50,7 +50,7 @@ from retrograd.rollout.metrics import answer_metrics, reward_metrics
 from retrograd.rollout.passes import fanout, hidden_states, padded, pieces
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, pass_over, read_prompt_files, sample_groups
-from retrograd.sampling.backend import rollout_backend, sampler_identity
+from retrograd.sampling.backend import sampler_identity
 from retrograd.trainable.value_head import FEATURE_DTYPES, ValueHead
 
 log = logging.getLogger(__name__)
@@ -86,15 +86,11 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
     if critic is not None and run.restored is not None:
         critic.load_bytes(run.restored.artifacts[VALUE_HEAD])
     artifacts = {VALUE_HEAD: critic.state_bytes} if critic is not None else {}
-    backend = rollout_backend(model, t, _concurrency(cfg), run.tr.adapters)
-    run.closing.callback(backend.close)
+    backend = context.rollout_backend(run, _concurrency(cfg))
     program = run.closing.enter_context(open_rewards(p, "[ppo]", door.rewards, door.reward_weights))
     run = frame.evaluate_with(run, prompt_evaluation(backend, program, held, p.sampling, run.world))
-    stream, pos, world = (
-        PromptStream(prompts, "sequential", p.sampling.seed),
-        run.position,
-        run.world,
-    )
+    stream = PromptStream(prompts, "sequential", p.sampling.seed)
+    pos, world = run.position, run.world
     with run.closing:
         for update in range(pos.update + 1, p.updates + 1):
             began, before = time.perf_counter(), pos.global_step
