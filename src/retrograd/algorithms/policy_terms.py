@@ -1,6 +1,7 @@
 """The policy loss's terms and statistics over one optimizer pass of an update, summed over
 its pieces (the forwards that score a few answers each) and then over the ranks: the
-`policy/` metrics GRPO and PPO report (docs/metrics.md, "Rollout algorithms").
+`policy/` metrics the rollout loops report (docs/metrics.md, "Rollout algorithms"; each loop
+reports its own list of them, algorithms/policy.py runs the passes).
 
 It reads the loss's outputs (losses/policy.py) and the rollout records; it knows nothing of
 models, sinks or optimizers. The first pass of an update also keeps each answer's
