@@ -62,6 +62,7 @@ _POLICY = (
     names.TRAIN_LOSS,
     names.SURROGATE_LOSS,
     names.CLIP_FRACTION,
+    names.SAMPLER_LOGPROB_GAP,
     names.LEARNING_RATE,
 )
 

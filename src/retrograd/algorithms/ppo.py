@@ -115,10 +115,7 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
             for r in answers:
                 r.skip_reason = None if signal else "zero_signal"
             frame.observe_rollouts(run, update, groups)
-            lengths = answer_metrics(answers)
-            values.update(reward_metrics(answers))
-            values[names.LENGTH_MEAN] = lengths[names.LENGTH_MEAN]
-            values[names.TRUNCATION_FRACTION] = lengths[names.TRUNCATION_FRACTION]
+            values.update(reward_metrics(answers) | answer_metrics(answers))
             values[names.ADVANTAGE_ABS_MEAN] = float(
                 np.mean(np.concatenate([np.abs(r.token_advantages) for r in answers]))
             )
