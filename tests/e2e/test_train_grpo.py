@@ -125,6 +125,24 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
         assert scalars(tb, tag), tag
 
 
+def test_a_python_reward_function_is_learned(chat_model, tmp_path):
+    """The share of "e" as a Python reward function (the run's program answers 0 to every
+    answer): the function's rewards reach the run and it learns them as it learns a program's."""
+    from retrograd.algorithms.frame import Door
+    from retrograd.algorithms.grpo import run_grpo
+
+    (tmp_path / "zero.py").write_text(REWARD.replace('text.count("e")', "0"))
+    zero = [sys.executable, str(tmp_path / "zero.py")]
+    run = write_run(tmp_path, chat_model, {"updates": 12, "reward_command": zero})
+
+    def share_of_e(prompts, completions, **columns):
+        return [c.count("e") / max(1, len(c)) for c in completions]
+
+    result = run_grpo(load_run(run), Door(sinks(), rewards=(share_of_e,), run_file=run))
+    first, last = np.mean(result.rewards[:3]), np.mean(result.rewards[-3:])
+    assert last > first + 0.1, result.rewards
+
+
 def test_bf16_learns_as_float32_does(chat_model, tmp_path, monkeypatch):
     """The same short run in both compute dtypes (RETRO_DTYPE): bf16 samples other answers
     (16-bit logits and cache), so the curves differ, but it learns as float32 does: each run
