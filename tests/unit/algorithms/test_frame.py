@@ -14,8 +14,10 @@ from gguf import GGUFReader
 from retrograd.algorithms import frame
 from retrograd.config import load_run, validate_run
 from retrograd.observe.sinks import Sinks
+from tests.e2e.test_train_grpo import REWARD
 from tests.factories.agents import CHAT_TEMPLATE
 from tests.factories.run_files import write_run_file
+from tests.factories.run_server import grpo_document
 from tests.factories.tiny_gguf import write_tiny
 
 TEXT = "the cat sat on the mat. the dog sat on the log. a bird sang in the tree. " * 3
@@ -56,21 +58,32 @@ def adapter_tensors(path) -> dict[str, np.ndarray]:
     return {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
 
 
+def run_sft_with(tmp, model, monkeypatch, sinks=None, **hooks) -> frame.Result:
+    """Three epochs of SFT on the tiny model (in `tmp`) with the hooks given."""
+    from retrograd.algorithms.sft import run_sft
+
+    monkeypatch.chdir(tmp)
+    door = frame.Door(sinks or Summary(), hooks=frame.Hooks(**hooks))
+    return run_sft(sft_run(tmp, model), door)
+
+
+def stopping(seen: list, when) -> object:
+    """A hook that keeps each event and asks to stop when `when(event)`."""
+
+    def hook(event) -> bool:
+        seen.append(event)
+        return when(event)
+
+    return hook
+
+
 def test_on_step_that_asks_to_stop_ends_the_run_after_its_step_and_exports_it(
     model, tmp_path, monkeypatch
 ):
-    from retrograd.algorithms.sft import run_sft
-
-    monkeypatch.chdir(tmp_path)
     seen: list[frame.StepEvent] = []
-
-    def on_step(event: frame.StepEvent) -> bool:
-        seen.append(event)
-        return event.global_step == 2
-
     sinks = Summary()
-    door = frame.Door(sinks, hooks=frame.Hooks(on_step=on_step))
-    result = run_sft(sft_run(tmp_path, model), door)
+    on_step = stopping(seen, lambda e: e.global_step == 2)
+    result = run_sft_with(tmp_path, model, monkeypatch, sinks, on_step=on_step)
     assert [e.global_step for e in seen] == [1, 2]
     assert result.stopped == "callback" and result.global_step == 2
     assert sinks.summary["stopped early"] == "yes (callback)"
@@ -86,12 +99,8 @@ def test_on_step_that_asks_to_stop_ends_the_run_after_its_step_and_exports_it(
 
 
 def test_on_evaluate_sees_each_evaluation_and_whether_it_improved(model, tmp_path, monkeypatch):
-    from retrograd.algorithms.sft import run_sft
-
-    monkeypatch.chdir(tmp_path)
     seen: list[frame.EvalEvent] = []
-    door = frame.Door(hooks=frame.Hooks(on_evaluate=seen.append))
-    result = run_sft(sft_run(tmp_path, model), door)
+    result = run_sft_with(tmp_path, model, monkeypatch, on_evaluate=seen.append)
     assert [e.iteration for e in seen] == [1, 2, 3]  # after each epoch
     assert [e.global_step for e in seen] == [step for step, _ in result.evals]
     losses = [e.values["eval/loss"] for e in seen]
@@ -104,18 +113,9 @@ def test_on_evaluate_sees_each_evaluation_and_whether_it_improved(model, tmp_pat
 def test_on_evaluate_that_asks_to_stop_ends_the_run_at_that_evaluation(
     model, tmp_path, monkeypatch
 ):
-    from retrograd.algorithms.sft import run_sft
-
-    monkeypatch.chdir(tmp_path)
     seen: list[frame.EvalEvent] = []
-
-    def on_evaluate(event: frame.EvalEvent) -> bool:
-        seen.append(event)
-        return True
-
-    result = run_sft(
-        sft_run(tmp_path, model), frame.Door(hooks=frame.Hooks(on_evaluate=on_evaluate))
-    )
+    on_evaluate = stopping(seen, lambda e: True)
+    result = run_sft_with(tmp_path, model, monkeypatch, on_evaluate=on_evaluate)
     assert len(seen) == 1 and result.stopped == "callback"
     assert result.iterations == 1 and result.global_step == seen[0].global_step
 
@@ -123,48 +123,26 @@ def test_on_evaluate_that_asks_to_stop_ends_the_run_at_that_evaluation(
 # -- GRPO: on_update, and reward functions in Python ------------------------------------------
 
 
-def grpo_config(tmp, model, program: bool, **grpo):
-    """A GRPO run on the tiny model; without `program` the run file has no reward_command
-    (reward functions supplied)."""
+def grpo_config(tmp, model, program: bool):
+    """A GRPO run of two updates on the tiny model, 2 prompts x 4 answers; without `program`
+    the run file has no reward_command (reward functions supplied)."""
     lines = [{"messages": [{"role": "user", "content": p}], "letter": "e"} for p in PROMPTS]
     (tmp / "prompts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    g = {
-        "prompts": "prompts.jsonl",
-        "updates": 2,
-        "prompts_per_update": 2,
+    grpo = {
         "group_size": 4,
-        "grpo_epochs": 1,
-        "clip_range_low": 0.2,
-        "clip_range_high": 0.28,
-        "kl_coefficient": 0.0,
-        **grpo,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 3},
     }
-    if program:
-        (tmp / "zero.py").write_text(ZERO)
-        g["reward_command"] = [sys.executable, str(tmp / "zero.py")]
-    document = {
-        "run": {"algorithm": "grpo"},
-        "model": {"path": str(model), "device": "cpu"},
-        "lora": {"rank": 4, "alpha": 8.0, "targets": ["q", "v"]},
-        "training": {"lr": 2e-2, "ctx": 64, "micro_batch": 64},
-        "grpo": g,
-        "output": {"path": str(tmp / "out" / "adapter.gguf")},
-    }
-    document["grpo"]["sampling"] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 3}
+    if program:  # it gives every answer 0: the functions' values are the whole reward
+        (tmp / "zero.py").write_text(REWARD.replace('text.count("e")', "0"))
+        grpo["reward_command"] = [sys.executable, str(tmp / "zero.py")]
+    document = grpo_document(
+        model,
+        tmp / "prompts.jsonl",
+        grpo,
+        training={"lr": 2e-2, "ctx": 64, "micro_batch": 64},
+        output={"path": str(tmp / "out" / "adapter.gguf")},
+    )
     return validate_run(document, source=None, base_dir=tmp, supplied=("rewards",))
-
-
-# a reward program that gives every answer 0: the functions' values are the whole reward
-ZERO = r"""
-import json, sys
-for line in sys.stdin:
-    req = json.loads(line)
-    if "protocol" in req or "_retrograd_batch_end" in req:
-        print(json.dumps(req, separators=(",", ":")), flush=True)
-        continue
-    print(json.dumps({"reward": 0.0, "_retrograd_batch": req["_retrograd_batch"],
-                      "_retrograd_index": req["_retrograd_index"]}), flush=True)
-"""
 
 
 def share_of(prompts, completions, letter, **_):
