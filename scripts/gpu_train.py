@@ -163,12 +163,12 @@ def grpo(setting):
     losses = [s[names.TRAIN_LOSS] for s in rec.steps if names.TRAIN_LOSS in s]
     gaps = [s[names.SAMPLER_LOGPROB_GAP] for s in rec.steps if names.SAMPLER_LOGPROB_GAP in s]
     f = Findings()
-    f.figures.update(rewards=result.rewards, gaps=gaps, seconds=seconds)
-    f.notes.append(f"{result.updates} updates, {len(losses)} steps in {seconds:.1f} s")
-    f.notes.append(f"rewards {', '.join(f'{r:.2f}' for r in result.rewards)}")
+    f.figures.update(rewards=result.curve, gaps=gaps, seconds=seconds)
+    f.notes.append(f"{result.iterations} updates, {len(losses)} steps in {seconds:.1f} s")
+    f.notes.append(f"rewards {', '.join(f'{r:.2f}' for r in result.curve)}")
     losses_checked(f, losses, "grpo")
-    if result.updates != updates:
-        f.problems.append(f"{result.updates} of {updates} updates ran ({result.stopped})")
+    if result.iterations != updates:
+        f.problems.append(f"{result.iterations} of {updates} updates ran ({result.stopped})")
     if not gaps:
         f.problems.append("no policy/sampler_logprob_gap reported")
     for gap in gaps:
@@ -194,7 +194,7 @@ def dpo(setting):
         work, "preference", Path(setting.model), tables, device=run_device(setting)
     )
     result, seconds = train_in(run_preference, run)
-    losses = result.losses
+    losses = result.curve
     f = Findings()
     f.notes.append(f"{len(losses)} steps in {seconds:.1f} s")
     if losses_checked(f, losses, "dpo"):

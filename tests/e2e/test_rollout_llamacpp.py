@@ -41,10 +41,10 @@ def test_grpo_through_llama_cpp_learns_as_in_process_does(chat_model, tmp_path):
     are reported near 1, and the exported adapter is written."""
     inproc, _ = run(tmp_path, chat_model, "in_process")
     result, tmp = run(tmp_path, chat_model, "llama_cpp")
-    rewards = result.rewards
+    rewards = result.curve
     assert len(rewards) == 12
-    assert climb(inproc.rewards) > 0.1, inproc.rewards
-    assert climb(rewards) > 0.5 * climb(inproc.rewards), (rewards, inproc.rewards)
+    assert climb(inproc.curve) > 0.1, inproc.curve
+    assert climb(rewards) > 0.5 * climb(inproc.curve), (rewards, inproc.curve)
     assert min(rewards[3:]) > np.mean(rewards[:3]) - 0.1, rewards
     tb = tmp / "tb"
     gaps = scalars(tb, "policy/sampler_logprob_gap")
@@ -71,7 +71,7 @@ def test_ppo_through_llama_cpp_learns(chat_model, tmp_path):  # noqa: F811
         metrics='tensorboard_dir = "tb"',
         training={"rollout_backend": "llama_cpp"},
     )
-    rewards = run_ppo(load_run(path), run_file=path, sinks=sinks()).rewards
+    rewards = run_ppo(load_run(path), run_file=path, sinks=sinks()).curve
     assert len(rewards) == 8 and climb(rewards) > 0.1, rewards
     weights = scalars(tmp_path / "tb", "policy/sampler_is_weight_mean")
     assert weights and all(0.9 < w < 1.1 for w in weights.values()), weights

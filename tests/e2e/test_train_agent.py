@@ -170,7 +170,7 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
         evaluation='data = "scenarios.jsonl"\nevery_iterations = 2\nmax_examples = 3',
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 4 and result.global_step == 8
+    assert result.iterations == 4 and result.global_step == 8
     # held-out: one trajectory per scenario at updates 2 and 4, seeds fixed for the run
     assert [u for u, _ in result.evals] == [2, 4]
     assert result.evals[0][1] == result.evals[1][1]  # forced turns: the same answers
@@ -182,7 +182,7 @@ def test_a_local_sandbox_verifies_and_the_policy_tokens_train(chat_model, tmp_pa
         assert s.traj.finish == "no_tool_call"
     assert by_parity == {0: {1.0}, 1: {0.0}}
     evens = [s.traj.seed % 2 == 0 for s in seen]
-    assert result.rewards == pytest.approx([np.mean(evens[u * 8 : u * 8 + 8]) for u in range(4)])
+    assert result.curve == pytest.approx([np.mean(evens[u * 8 : u * 8 + 8]) for u in range(4)])
     tb = tmp_path / "tb"
     assert sorted(scalars(tb, "policy/surrogate_loss")) == [2, 4, 6, 8]  # logged per update
     assert scalars(tb, "agent/turns_per_traj_mean")
@@ -296,12 +296,12 @@ def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, monkeypatch):
         {"max_turns": 1, "updates": 1, "max_dropped_fraction": 1.0, "skip_empty_updates": True},
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.skipped == 1 and result.global_step == 0
+    assert result.counts["skipped"] == 1 and result.global_step == 0
     # every trajectory complete and scored alike: usable, nothing to learn, no error
     monkeypatch.setattr("tests.e2e.test_train_agent.solving", lambda seed, turn: "no idea")
     run = write_run(tmp_path, chat_model, {"updates": 1})
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.skipped == 0 and result.no_signal == 1 and result.global_step == 0
+    assert result.counts["skipped"] == 0 and result.counts["no_signal"] == 1 and result.global_step == 0
 
 
 def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp_path, monkeypatch):
@@ -514,7 +514,7 @@ def test_trajectories_act_in_containers(chat_model, tmp_path, monkeypatch, podma
         tmp_path, chat_model, {"updates": 1}, world=CONTAINER, metrics='tensorboard_dir = "tb"'
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 1 and 0 < result.rewards[0] < 1
+    assert result.iterations == 1 and 0 < result.curve[0] < 1
     tb = tmp_path / "tb"
     assert scalars(tb, "env/pool_reuse_fraction")[2] > 0  # 8 leases of at most 4 containers
     assert scalars(tb, "env/live_containers_max")[2] <= 4

@@ -176,7 +176,7 @@ def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
     sampler = Sampler(student.decoder, student.tokenizer, fast=True, max_len=64)
     before, _ = held_out_kl(cfg, sampler, student, teacher, held_out(held, None))
     result = run_distill(cfg, run_file=run, sinks=sinks())
-    assert result.updates == 8 and result.global_step == 8
+    assert result.iterations == 8 and result.global_step == 8
     last_update, evaluated = result.evals[-1]
     after = evaluated["eval/teacher_kl"]
     assert last_update == 8
@@ -184,7 +184,7 @@ def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
     # measured over seeds 1-5: after / before 0.65-0.79 at update 8
     assert after < 0.85 * before, (before, result.evals)
     # the training metric falls with it: the last updates' mean KL below the first's
-    assert sum(result.teacher_kl[-3:]) < sum(result.teacher_kl[:3])
+    assert sum(result.curve[-3:]) < sum(result.curve[:3])
     tags = _tensorboard_tags(tmp_path / "tb")
     for name in (
         "distill/teacher_kl_mean",
@@ -245,7 +245,7 @@ def test_mask_truncated_leaves_cut_answers_out(models, tmp_path):
     distill = {"prompts": "prompts.jsonl", "updates": 2, "prompts_per_update": 2}
     run = write_run(tmp_path, models, dict(distill, mask_truncated=True))
     result = run_distill(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 2 and result.global_step == 0 and result.teacher_kl == []
+    assert result.iterations == 2 and result.global_step == 0 and result.curve == []
     # and at the reference's ctx 128 and micro_batch 32: a pass holds one answer (prompt and
     # answer are longer than 32 tokens), the update still one optimizer step
     run = write_run(
@@ -255,7 +255,7 @@ def test_mask_truncated_leaves_cut_answers_out(models, tmp_path):
         training={"ctx": None, "micro_batch": None},
     )
     result = run_distill(load_run(run), run_file=run, sinks=sinks())
-    assert result.global_step == 2 and len(result.teacher_kl) == 2
+    assert result.global_step == 2 and len(result.curve) == 2
 
 
 def test_a_teacher_with_another_vocabulary_is_refused(models, tmp_path):

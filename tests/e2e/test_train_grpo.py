@@ -104,7 +104,7 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
     )
     cfg = load_run(run)
     result = run_grpo(cfg, run_file=run, sinks=sinks())
-    rewards = result.rewards
+    rewards = result.curve
     assert len(rewards) == 12
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
     assert last > first + 0.1, rewards
@@ -128,7 +128,7 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path):
 def test_a_python_reward_function_is_learned(chat_model, tmp_path):
     """The share of "e" as a Python reward function (the run's program answers 0 to every
     answer): the function's rewards reach the run and it learns them as it learns a program's."""
-    from retrograd.algorithms.frame import Door
+    from retrograd.algorithms.door import Door
     from retrograd.algorithms.grpo import run_grpo
 
     (tmp_path / "zero.py").write_text(REWARD.replace('text.count("e")', "0"))
@@ -139,8 +139,8 @@ def test_a_python_reward_function_is_learned(chat_model, tmp_path):
         return [c.count("e") / max(1, len(c)) for c in completions]
 
     result = run_grpo(load_run(run), Door(sinks(), rewards=(share_of_e,), run_file=run))
-    first, last = np.mean(result.rewards[:3]), np.mean(result.rewards[-3:])
-    assert last > first + 0.1, result.rewards
+    first, last = np.mean(result.curve[:3]), np.mean(result.curve[-3:])
+    assert last > first + 0.1, result.curve
 
 
 def test_bf16_learns_as_float32_does(chat_model, tmp_path, monkeypatch):
@@ -156,7 +156,7 @@ def test_bf16_learns_as_float32_does(chat_model, tmp_path, monkeypatch):
         tmp = tmp_path / dtype
         tmp.mkdir()
         run = write_run(tmp, chat_model, {"updates": 12}, metrics='tensorboard_dir = "tb"')
-        rewards = run_grpo(load_run(run), run_file=run, sinks=sinks()).rewards
+        rewards = run_grpo(load_run(run), run_file=run, sinks=sinks()).curve
         first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
         assert min(rewards[3:]) > first - 0.1, (dtype, rewards)  # no collapse on the way
         climbs[dtype] = last - first
@@ -241,7 +241,7 @@ def test_a_small_generation_batch_trains_what_the_default_trains(chat_model, tmp
         training = {"generation_batch": batch, "fast_sampling_context": False}
         run = write_run(tmp, chat_model, {"updates": 2}, training=training)
         batches.clear()
-        rewards.append(run_grpo(load_run(run), run_file=run, sinks=sinks()).rewards)
+        rewards.append(run_grpo(load_run(run), run_file=run, sinks=sinks()).curve)
         used.append(set(batches))
         adapters.append((tmp / "out" / "adapter.gguf").read_bytes())
     assert used == [{64}, {2}]

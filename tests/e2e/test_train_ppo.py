@@ -64,7 +64,7 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path, ena
         metrics='tensorboard_dir = "tb"',
     )
     result = run_ppo(load_run(run), run_file=run, sinks=sinks())
-    rewards = result.rewards
+    rewards = result.curve
     # two optimizer steps an update with signal; once every answer scores alike, none
     assert len(rewards) == 8 and result.global_step % 2 == 0 and 6 <= result.global_step <= 16
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])

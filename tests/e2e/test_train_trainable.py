@@ -323,7 +323,7 @@ def test_grpo_trains_base_tensors(tmp_path):
         output={"path": "out/m.gguf", "kind": "model"},
     )
     result = run_grpo(load_run(run), run_file=run, sinks=grpo.sinks())
-    first, last = np.mean(result.rewards[:3]), np.mean(result.rewards[-3:])
-    assert last > first + 0.1, result.rewards
+    first, last = np.mean(result.curve[:3]), np.mean(result.curve[-3:])
+    assert last > first + 0.1, result.curve
     trained = {f"blk.{i}.{m}.weight" for i in (1, 2) for m in ("attn_v", "ffn_down")}
     check_model_copy(model, tmp_path / "out" / "m.gguf", trained)

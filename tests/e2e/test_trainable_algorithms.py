@@ -57,7 +57,7 @@ def test_ppo_trains_a_partial_selection(tmp_path):
         **PARTIAL,
     )
     result = run_ppo(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 2 and result.global_step > 0
+    assert result.iterations == 2 and result.global_step > 0
     trained_exactly(model, tmp_path / "out" / "m.gguf", SELECTED)
 
 
@@ -85,7 +85,7 @@ def test_on_policy_distillation_trains_a_partial_selection_toward_a_reference(
         **PARTIAL,
     )
     result = run_distill(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 2 and result.global_step == 2
+    assert result.iterations == 2 and result.global_step == 2
     trained_exactly(student, tmp_path / "out" / "m.gguf", SELECTED)
 
 
@@ -139,5 +139,5 @@ def test_agent_grpo_trains_a_partial_selection(tmp_path, monkeypatch):
         **PARTIAL,
     )
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.updates == 2 and result.global_step == 2
+    assert result.iterations == 2 and result.global_step == 2
     trained_exactly(model, tmp_path / "out" / "m.gguf", SELECTED)

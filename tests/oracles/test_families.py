@@ -146,5 +146,5 @@ def test_grpo_trains_a_hybrid_and_a_mixture_at_the_default_passes(tmp_path, name
         training={"ctx": 128, "micro_batch": None, "gradient_accumulation": None},
     )
     result = run_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert len(result.rewards) == 2 and all(np.isfinite(result.rewards))
+    assert len(result.curve) == 2 and all(np.isfinite(result.curve))
     assert (tmp_path / "out" / "adapter.gguf").exists()

@@ -43,6 +43,7 @@ from retrograd.agent.scenarios import read_scenarios
 from retrograd.agent.scores import USABLE, drop_and_advantage
 from retrograd.agent.trajectory import Trajectory
 from retrograd.algorithms import context, frame, policy
+from retrograd.algorithms.door import Door
 from retrograd.algorithms.evaluate import reward_evaluation
 from retrograd.errors import TrainingError
 from retrograd.observe import names
@@ -109,7 +110,7 @@ def run_agent_grpo(cfg, door=None, *, resume=None, sinks=None, run_file=None) ->
         arena.close()
 
 
-def _train(cfg, door: frame.Door, arena: Arena, scenario_file, held_file) -> frame.Result:
+def _train(cfg, door: Door, arena: Arena, scenario_file, held_file) -> frame.Result:
     a, t = cfg.agent, cfg.training
     model = frame.model_of(cfg, door)
     settings = {

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, frame, policy
+from retrograd.algorithms.evaluate import Evaluation
 from retrograd.losses.distill import reverse_kl_advantages
 from retrograd.observe import names
 from retrograd.rollout import spread
@@ -238,11 +239,11 @@ def _teacher_metrics(pairs: list[tuple], weight_clip: float) -> dict[str, float]
     }
 
 
-def _evaluation(backend, model, teacher, held, world) -> frame.Evaluation:
+def _evaluation(backend, model, teacher, held, world) -> Evaluation:
     """The held-out teacher KL (patience reads eval/teacher_kl, lower is better), each rank
     answering a block of the prompts; a client's evaluate: the same in one process."""
     if held is None:
-        return frame.Evaluation(None, measure=lambda cfg: None)
+        return Evaluation(None, measure=lambda cfg: None)
 
     def scheduled(cfg) -> dict[str, float]:
         prompts = held_out(held, cfg.evaluation.max_examples)
@@ -257,7 +258,7 @@ def _evaluation(backend, model, teacher, held, world) -> frame.Evaluation:
         kl, _ = held_out_kl(cfg, backend, model, teacher, prompts)
         return {"examples": len(prompts), "loss": kl, "teacher_kl": kl}
 
-    return frame.Evaluation(scheduled, names.EVAL_TEACHER_KL, measure=measure)
+    return Evaluation(scheduled, names.EVAL_TEACHER_KL, measure=measure)
 
 
 def held_out_kl(cfg, backend, model, teacher, prompts) -> tuple[float, list[Rollout]]:

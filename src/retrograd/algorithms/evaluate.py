@@ -8,8 +8,9 @@ the bf16 vocabulary tiles of model/logprobs.py, whose effect docs/exactness.md m
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -105,6 +106,47 @@ def teacher_agreement(
         count += int(keep.sum())
     n = max(count, 1)
     return TeacherAgreement(*(float(v) / n for v in sums), count)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A loop's held-out measure: `run(cfg)` the eval/* values of a scheduled evaluation (every
+    rank calls it), `metric` the one patience reads; `measure(cfg)` what a served run's
+    evaluate answers (no patience), {field: value} or None without data."""
+
+    run: Callable[[Any], dict[str, float]] | None
+    metric: str = ""
+    higher_is_better: bool = False
+    measure: Callable[[Any], dict | None] | None = None
+
+
+@dataclass
+class Patience:
+    """Stop after `patience` evaluations without an improvement of at least `min_delta`."""
+
+    patience: int | None
+    min_delta: float = 0.0
+    best: float = float("inf")
+    stale: int = 0
+
+    @classmethod
+    def of(cls, evaluation) -> Patience:
+        """The run's [evaluation] patience and min_delta (none without the section)."""
+        if evaluation is None:
+            return cls(None)
+        return cls(evaluation.patience, evaluation.min_delta)
+
+    def update(self, loss: float) -> bool:
+        """Record an evaluation; True when it improved on the best."""
+        if loss < self.best - self.min_delta:
+            self.best, self.stale = loss, 0
+            return True
+        self.stale += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.patience is not None and self.stale >= self.patience
 
 
 def perplexity(loss: float) -> float:
@@ -210,7 +252,6 @@ def reward_evaluation(scheduled, measured=None):
     rewards, every rank calling it; `measured(cfg)` the same for a client's evaluate (one
     process; `scheduled` when None). Patience reads the mean reward (higher is better).
     Without held-out data (scheduled None) nothing is evaluated."""
-    from retrograd.algorithms.frame import Evaluation
     from retrograd.observe import names
 
     if scheduled is None:

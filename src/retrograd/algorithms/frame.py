@@ -20,10 +20,18 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from retrograd.algorithms import context
+from retrograd.algorithms.door import (
+    Door,
+    EvalEvent,
+    StepEvent,
+    UpdateEvent,
+    door_of,
+    frozen,
+)
+from retrograd.algorithms.evaluate import Evaluation, Patience
 from retrograd.checkpoint import DatasetPosition, Progress, step_id
 from retrograd.checkpoint import run as checkpoints
 from retrograd.checkpoint.export import export_or_keep
@@ -33,129 +41,8 @@ from retrograd.observe.sinks import Sinks, StartInfo
 
 log = logging.getLogger(__name__)
 
-# -- the door: what the caller brings ---------------------------------------------------------
 
-
-class Control(Protocol):
-    """A served run's commands (server/child.py); the command line and Python have none."""
-
-    def opened(self, run) -> None:
-        """The run is open (model loaded, position restored): before its first step."""
-
-    def boundary(self, cfg, measure: Callable[[], dict | None]):
-        """After a step's (or an update's) report: act on what was asked meanwhile (pause,
-        checkpoint, stop, questions answered with the weights as they are: `measure()` is the
-        loop's own evaluation without patience, {field: value}, or None without evaluation
-        data). -> the config the run follows from here on. May block (pause) or raise."""
-
-    def checkpoint_requested(self) -> bool:
-        """Whether a checkpoint is wanted at this boundary though none is due."""
-
-    def checkpoint_section(self, cfg):
-        """The [checkpoint] the run follows now: the file's, or what a client changed."""
-
-    def checkpoint_written(self, path: Path, global_step: int) -> None:
-        """A checkpoint was written (after the sinks heard of it). May raise to end the run."""
-
-
-class Uncontrolled:
-    """The control of a run nobody steers: the file's settings, no commands."""
-
-    def opened(self, run) -> None:
-        pass
-
-    def boundary(self, cfg, measure):
-        return cfg
-
-    def checkpoint_requested(self) -> bool:
-        return False
-
-    def checkpoint_section(self, cfg):
-        return cfg.checkpoint
-
-    def checkpoint_written(self, path: Path, global_step: int) -> None:
-        pass
-
-
-UNCONTROLLED = Uncontrolled()
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """What on_step sees after each optimizer step (an update's, in rollout loops)."""
-
-    global_step: int
-    iteration: int  # the epoch (0-based, sft, preference) or the update (1-based)
-    values: Mapping[str, float]
-    tokens: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class UpdateEvent(StepEvent):
-    """What on_update sees after a rollout loop's update: the step's, and its records."""
-
-    groups: tuple = ()  # rollout.records.Group: the update's answers, rewards, advantages
-
-
-@dataclass(frozen=True)
-class EvalEvent:
-    """What on_evaluate sees after a scheduled evaluation."""
-
-    global_step: int
-    iteration: int
-    values: Mapping[str, float]
-    improved: bool
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """A caller's callbacks at the frame's one boundary. A truthy return ends the run there,
-    gracefully (Result.stopped = "callback"; checkpoint and export as at any end); an
-    exception fails the run as any exception does."""
-
-    on_step: Callable[[StepEvent], object] | None = None
-    on_update: Callable[[UpdateEvent], object] | None = None
-    on_evaluate: Callable[[EvalEvent], object] | None = None
-
-
-@dataclass(frozen=True)
-class Door:
-    """What the caller brings to a loop; the command line, the run server and Python differ
-    only here. model/trained: a model already loaded (and a plan with its tensors already
-    attached, (TrainPlan, Trained): a second fit); rewards: Python reward functions (rewards/callables.py) with their weights;
-    environment/verify: a Python agent environment and verify function (agent/python_env.py)."""
-
-    sinks: Sinks = field(default_factory=Sinks.quiet)
-    control: Control = UNCONTROLLED
-    hooks: Hooks = Hooks()
-    resume: str | bool | None = None
-    run_file: Path | None = None
-    model: Any = None
-    trained: Any = None
-    rewards: tuple[Callable, ...] = ()
-    reward_weights: tuple[float, ...] | None = None
-    environment: Any = None
-    verify: Callable | None = None
-
-    @property
-    def run_dir(self) -> Path:
-        """Where the run file's relative paths (judge, environment, MCP) are read from."""
-        return Path(self.run_file).resolve().parent if self.run_file else Path.cwd()
-
-
-def door_of(door: Door | None = None, *, resume=None, sinks=None, run_file=None) -> Door:
-    """The door a loop was called with, or one made of the keyword form (resume, sinks,
-    run_file: what `retrograd train` and older callers pass); quiet sinks by default."""
-    if door is None:
-        door = Door(sinks or Sinks.quiet())
-    elif sinks is not None:
-        door = _replace(door, sinks=sinks)
-    if resume is not None:
-        door = _replace(door, resume=resume)
-    if run_file is not None:
-        door = _replace(door, run_file=run_file)
-    return door
+# -- opening ----------------------------------------------------------------------------------
 
 
 def prepare(cfg, door: Door | None = None, *, resume=None, sinks=None, run_file=None) -> Door:
@@ -168,35 +55,24 @@ def prepare(cfg, door: Door | None = None, *, resume=None, sinks=None, run_file=
     return door
 
 
-def start_info(
-    cfg,
-    model,
-    plan,
-    total_steps: int,
-    *,
-    data: tuple[Path, str],
-    held: tuple[Path, str] | None,
-    iterations: int,
-    initial_step: int = 0,
-    unit: str = "step",
-    initial_position: int | None = None,
-) -> StartInfo:
-    """What the sinks print and record at the start. data, held: (path, one-line
-    description) of the training and evaluation files; iterations: epochs or updates."""
+def start_info(cfg, model, plan, inputs: Inputs, shape: Shape, pos: Position) -> StartInfo:
+    """What the sinks print and record at the start: the model and its compute plan, the data,
+    the trained tensors; a rollout loop's bar counts updates, the others' optimizer steps."""
+    held = inputs.held
     lines = [
         f"model: {model.gguf.path.name} ({model.config.name}); {model.report.describe()}",
         *model.report.lines(),  # the compute plan
-        f"data: {data[1]}",
+        f"data: {inputs.data[1]}",
         *([f"evaluation: {held[1]}"] if held is not None else []),
         *plan.describe(),
     ]
-    t, m = cfg.training, cfg.metrics
+    t, m, rollouts = cfg.training, cfg.metrics, shape.unit == "update"
     info = RunInfo(
         cfg.run.algorithm,
         str(cfg.model.path),
-        str(data[0]),
+        str(inputs.data[0]),
         str(held[0]) if held else None,
-        iterations,
+        shape.iterations,
         t.lr,
         t.lr_scheduler,
         t.warmup_steps,
@@ -204,11 +80,11 @@ def start_info(
     return StartInfo(
         tuple(lines),
         info,
-        total_steps,
-        iterations,
-        initial_step,
-        unit,
-        initial_position,
+        shape.iterations if rollouts else shape.total_steps,
+        shape.iterations,
+        pos.global_step,
+        shape.unit,
+        pos.update if rollouts else None,
         m.tensorboard_dir if m else None,
         m.wandb_export_dir if m else None,
         model.report.describe(),
@@ -216,45 +92,7 @@ def start_info(
     )
 
 
-def _replace(door: Door, **changes) -> Door:
-    return dataclasses.replace(door, **changes)
-
-
-def frozen(values: Mapping[str, float]) -> Mapping[str, float]:
-    """A read-only copy of a step's values, for the hooks."""
-    return MappingProxyType(dict(values))
-
-
 # -- the records ------------------------------------------------------------------------------
-
-
-@dataclass
-class Patience:
-    """Stop after `patience` evaluations without an improvement of at least `min_delta`."""
-
-    patience: int | None
-    min_delta: float = 0.0
-    best: float = float("inf")
-    stale: int = 0
-
-    @classmethod
-    def of(cls, evaluation) -> Patience:
-        """The run's [evaluation] patience and min_delta (none without the section)."""
-        if evaluation is None:
-            return cls(None)
-        return cls(evaluation.patience, evaluation.min_delta)
-
-    def update(self, loss: float) -> bool:
-        """Record an evaluation; True when it improved on the best."""
-        if loss < self.best - self.min_delta:
-            self.best, self.stale = loss, 0
-            return True
-        self.stale += 1
-        return False
-
-    @property
-    def stop(self) -> bool:
-        return self.patience is not None and self.stale >= self.patience
 
 
 @dataclass(frozen=True)
@@ -319,39 +157,6 @@ class Result:
             **self.counts,
         }
 
-    # the names each loop's result had before the frame (tests and scripts read them)
-    @property
-    def updates(self) -> int:
-        return self.iterations
-
-    @property
-    def epochs_done(self) -> int:
-        return self.iterations
-
-    @property
-    def rewards(self) -> list[float]:
-        return self.curve
-
-    @property
-    def losses(self) -> list[float]:
-        return self.curve
-
-    @property
-    def teacher_kl(self) -> list[float]:
-        return self.curve
-
-    @property
-    def skipped(self) -> int:
-        return self.counts.get("skipped", 0)
-
-    @property
-    def no_signal(self) -> int:
-        return self.counts.get("no_signal", 0)
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.stopped is not None
-
 
 @dataclass(frozen=True)
 class Inputs:
@@ -375,18 +180,6 @@ class Shape:
     tracked: str | None = None
     tracked_label: str = ""
     tracked_empty: str = "no update ran"
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A loop's held-out measure: `run(cfg)` the eval/* values of a scheduled evaluation (every
-    rank calls it), `metric` the one patience reads; `measure(cfg)` what a served run's
-    evaluate answers (no patience), {field: value} or None without data."""
-
-    run: Callable[[Any], dict[str, float]] | None
-    metric: str = ""
-    higher_is_better: bool = False
-    measure: Callable[[Any], dict | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -452,9 +245,6 @@ class Run:
         return self.door.sinks
 
 
-# -- opening ----------------------------------------------------------------------------------
-
-
 def model_of(cfg, door: Door):
     """The door's model (a caller's, loaded once), else the run's own, loaded now."""
     return door.model if door.model is not None else context.load_model(cfg)
@@ -488,38 +278,13 @@ def open_run(
         cfg, model.config.name, inputs.fingerprints, tr.plan, inputs.settings
     )
     patience = Patience.of(cfg.evaluation)
-    found = checkpoints.find_resume(cfg, door.resume)
-    state, source, pos = None, None, Position()
-    if found is not None:
-        state, source = checkpoints.restore(found, identity, tr.named, tr.optimizer), found[1]
-        pos = Position.from_state(state)
-        if state.progress.best_metric is not None:
-            patience.best = state.progress.best_metric
-        patience.stale = state.progress.stale_evaluations
-    rollouts = shape.unit == "update"
-    door.sinks.start(
-        start_info(
-            cfg,
-            model,
-            tr.plan,
-            shape.iterations if rollouts else shape.total_steps,
-            data=inputs.data,
-            held=inputs.held,
-            iterations=shape.iterations,
-            initial_step=pos.global_step,
-            unit=shape.unit,
-            initial_position=pos.update if rollouts else None,
-        )
-    )
+    state, source = _restored(cfg, door, identity, tr, patience)
+    pos = Position.from_state(state) if state is not None else Position()
+    door.sinks.start(start_info(cfg, model, tr.plan, inputs, shape, pos))
     if source is not None:
         door.sinks.resumed(source, pos.global_step)
     closing = ExitStack()
-    resumed = source is not None
-    writer = (
-        open_observe(cfg, observe, inputs.settings, pos.update, resumed, console)
-        if observe
-        else None
-    )
+    writer = _observe(cfg, observe, inputs.settings, pos, source, console) if observe else None
     if writer is not None:
         closing.callback(writer.close)
     result = Result(Path(cfg.output.path), pos.global_step, pos.update or pos.epoch)
@@ -532,20 +297,34 @@ def open_run(
     return run
 
 
-def open_observe(cfg, algorithm: str, settings: dict, update: int, resumed: bool, console=None):
-    """The run's [observe] writer (None without the section, and on every rank but rank 0),
-    told the update a resumed run continues after."""
+def _restored(cfg, door: Door, identity, tr, patience: Patience):
+    """(the checkpoint's state, where it came from) with the trained tensors, optimizer, RNGs
+    and patience put back; (None, None) for a fresh run."""
+    found = checkpoints.find_resume(cfg, door.resume)
+    if found is None:
+        return None, None
+    state = checkpoints.restore(found, identity, tr.named, tr.optimizer)
+    if state.progress.best_metric is not None:
+        patience.best = state.progress.best_metric
+    patience.stale = state.progress.stale_evaluations
+    return state, found[1]
+
+
+def _observe(cfg, algorithm: str, settings: dict, pos: Position, source, console):
+    """The [observe] writer (None without the section, and on every rank but rank 0), told
+    the update a resumed run continues after."""
     from retrograd import distributed
     from retrograd.observe.rollouts import ObserveWriter
 
     if not distributed.world().main:
         return None
+    resumed = pos.update if source is not None else None
     return ObserveWriter.open(
         cfg.observe,
         algorithm=algorithm,
         model=cfg.model.path,
         params=settings,
-        resumed_from_update=update if resumed else None,
+        resumed_from_update=resumed,
         console=console,
     )
 

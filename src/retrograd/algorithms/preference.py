@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from retrograd.algorithms import context, frame, pairs
+from retrograd.algorithms.evaluate import Evaluation
 from retrograd.algorithms.pairs import FIRST, REFERENCE, PairStats, Scored, Scores, shared_tokens
 from retrograd.data.pairs import TokenPair, read_pairs, tokenize_pairs
 from retrograd.data.sft import permutation
@@ -276,7 +277,7 @@ def drop_warning(limit: float, first: Scores, members: list[int], stats: PairSta
 # -- evaluation ----------------------------------------------------------------------------
 
 
-def _evaluation(model, held, ref, loss_fn) -> frame.Evaluation:
+def _evaluation(model, held, ref, loss_fn) -> Evaluation:
     """The held-out pairs' loss and statistics (patience reads eval/preference_loss); a client's
     evaluate: their loss and reward accuracy."""
     refs = ref["eval"] if ref else None
@@ -292,6 +293,6 @@ def _evaluation(model, held, ref, loss_fn) -> frame.Evaluation:
         return {"examples": len(held), "loss": loss, "accuracy": accuracy}
 
     if not held:
-        return frame.Evaluation(None, measure=lambda cfg: None)
+        return Evaluation(None, measure=lambda cfg: None)
     scheduled = lambda cfg: stats(cfg).values(eval_names=True)  # noqa: E731
-    return frame.Evaluation(scheduled, names.EVAL_PREFERENCE_LOSS, measure=measure)
+    return Evaluation(scheduled, names.EVAL_PREFERENCE_LOSS, measure=measure)

@@ -31,7 +31,8 @@ import numpy as np
 
 from retrograd import distributed
 from retrograd.algorithms import context, frame
-from retrograd.algorithms.evaluate import perplexity, sft_loss
+from retrograd.algorithms.door import Door
+from retrograd.algorithms.evaluate import Evaluation, perplexity, sft_loss
 from retrograd.algorithms.step import (
     Group,
     LossOptions,
@@ -109,7 +110,7 @@ def run_sft(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
     return fit(cfg, model, corpus, door)
 
 
-def fit(cfg, model, corpus: Corpus, door: frame.Door) -> frame.Result:
+def fit(cfg, model, corpus: Corpus, door: Door) -> frame.Result:
     """The SFT loop over `corpus` with the loaded model (the phases of the module docstring)."""
     t, train, held = cfg.training, corpus.train, corpus.held
     inputs = frame.Inputs(
@@ -220,14 +221,14 @@ def _advance(pos: frame.Position, s: Step) -> frame.Position:
 # -- evaluation -------------------------------------------------------------------------------
 
 
-def _evaluation(cfg, model, corpus: Corpus) -> frame.Evaluation:
+def _evaluation(cfg, model, corpus: Corpus) -> Evaluation:
     """The held-out loss (patience reads eval/loss); what a client's evaluate measures: the
     held-out data, or for offline distillation (no [evaluation]) its corpus's first examples."""
     offline = cfg.run.algorithm == "distill"
     probe, limit = (corpus.train, PROBE_EXAMPLES) if offline else (corpus.held, None)
     held = corpus.held
     scheduled = (lambda c: _held_loss(c, model, held)) if held is not None else None
-    return frame.Evaluation(
+    return Evaluation(
         scheduled, names.EVAL_LOSS, measure=lambda c: _measure(c, model, probe, limit)
     )
 

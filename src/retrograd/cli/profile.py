@@ -234,11 +234,11 @@ def profile(cfg, work: Workload, run_file) -> int:
     result = table.run(cfg, sinks=Phases(quiet=True), run_file=run_file)
     wall = time.perf_counter() - started
     con = Console()
-    con.print(work.line(cfg, result.updates), markup=False, soft_wrap=True)
+    con.print(work.line(cfg, result.iterations), markup=False, soft_wrap=True)
     if "backend" in seen:
         con.print(f"backend: {seen['backend']}", markup=False, soft_wrap=True)
     con.print(_table(seen.get("init", 0.0), totals, wall))
-    rewards = ", ".join(f"{r:.3f}" for r in result.rewards)
+    rewards = ", ".join(f"{r:.3f}" for r in result.curve)
     con.print(
         f"optimizer steps: {result.global_step} (none where every group scored alike); "
         f"mean reward of each update: {rewards}",

@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from retrograd.algorithms import table
-    from retrograd.algorithms.frame import Door
+    from retrograd.algorithms.door import Door
     from retrograd.config import validate_run
     from retrograd.errors import RetrogradError
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from retrograd.algorithms import frame
+from retrograd.algorithms.door import Door, EvalEvent, Hooks, StepEvent, UpdateEvent
+from retrograd.algorithms.frame import Result
 from retrograd.config import load_run, validate_run
 from retrograd.observe.sinks import Sinks
 from tests.e2e.test_train_grpo import REWARD
@@ -58,12 +59,12 @@ def adapter_tensors(path) -> dict[str, np.ndarray]:
     return {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
 
 
-def run_sft_with(tmp, model, monkeypatch, sinks=None, **hooks) -> frame.Result:
+def run_sft_with(tmp, model, monkeypatch, sinks=None, **hooks) -> Result:
     """Three epochs of SFT on the tiny model (in `tmp`) with the hooks given."""
     from retrograd.algorithms.sft import run_sft
 
     monkeypatch.chdir(tmp)
-    door = frame.Door(sinks or Summary(), hooks=frame.Hooks(**hooks))
+    door = Door(sinks or Summary(), hooks=Hooks(**hooks))
     return run_sft(sft_run(tmp, model), door)
 
 
@@ -80,7 +81,7 @@ def stopping(seen: list, when) -> object:
 def test_on_step_that_asks_to_stop_ends_the_run_after_its_step_and_exports_it(
     model, tmp_path, monkeypatch
 ):
-    seen: list[frame.StepEvent] = []
+    seen: list[StepEvent] = []
     sinks = Summary()
     on_step = stopping(seen, lambda e: e.global_step == 2)
     result = run_sft_with(tmp_path, model, monkeypatch, sinks, on_step=on_step)
@@ -99,7 +100,7 @@ def test_on_step_that_asks_to_stop_ends_the_run_after_its_step_and_exports_it(
 
 
 def test_on_evaluate_sees_each_evaluation_and_whether_it_improved(model, tmp_path, monkeypatch):
-    seen: list[frame.EvalEvent] = []
+    seen: list[EvalEvent] = []
     result = run_sft_with(tmp_path, model, monkeypatch, on_evaluate=seen.append)
     assert [e.iteration for e in seen] == [1, 2, 3]  # after each epoch
     assert [e.global_step for e in seen] == [step for step, _ in result.evals]
@@ -113,7 +114,7 @@ def test_on_evaluate_sees_each_evaluation_and_whether_it_improved(model, tmp_pat
 def test_on_evaluate_that_asks_to_stop_ends_the_run_at_that_evaluation(
     model, tmp_path, monkeypatch
 ):
-    seen: list[frame.EvalEvent] = []
+    seen: list[EvalEvent] = []
     on_evaluate = stopping(seen, lambda e: True)
     result = run_sft_with(tmp_path, model, monkeypatch, on_evaluate=on_evaluate)
     assert len(seen) == 1 and result.stopped == "callback"
@@ -153,11 +154,11 @@ def share_of(prompts, completions, letter, **_):
 def test_on_update_receives_the_updates_groups_with_their_rewards(model, tmp_path):
     from retrograd.algorithms.grpo import run_grpo
 
-    updates: list[frame.UpdateEvent] = []
-    steps: list[frame.StepEvent] = []
-    hooks = frame.Hooks(on_step=steps.append, on_update=updates.append)
+    updates: list[UpdateEvent] = []
+    steps: list[StepEvent] = []
+    hooks = Hooks(on_step=steps.append, on_update=updates.append)
     cfg = grpo_config(tmp_path, model, program=True)
-    result = run_grpo(cfg, frame.Door(hooks=hooks, rewards=(share_of,), reward_weights=(2.0,)))
+    result = run_grpo(cfg, Door(hooks=hooks, rewards=(share_of,), reward_weights=(2.0,)))
     assert [u.iteration for u in updates] == [1, 2] == [s.iteration for s in steps]
     for event in updates:
         assert len(event.groups) == 2 and all(len(g.members) == 4 for g in event.groups)
@@ -181,9 +182,9 @@ def test_a_run_rewarded_by_a_python_function_alone_gets_its_rewards(model, tmp_p
         calls.append({"prompts": prompts, "columns": columns})
         return [float(len(c)) for c in completions]
 
-    updates: list[frame.UpdateEvent] = []
+    updates: list[UpdateEvent] = []
     sinks = Summary()
-    door = frame.Door(sinks, hooks=frame.Hooks(on_update=updates.append), rewards=(reward,))
+    door = Door(sinks, hooks=Hooks(on_update=updates.append), rewards=(reward,))
     result = run_grpo(grpo_config(tmp_path, model, program=False), door)
     assert len(calls) == 2 and calls[0]["columns"] == {"letter": ["e"] * 8}
     assert calls[0]["prompts"][0]["messages"][0]["content"] in PROMPTS

@@ -165,7 +165,7 @@ def test_epoch_order_is_a_pure_function_of_seed_and_epoch():
 
 
 def test_patience_counts_evaluations_without_improvement():
-    from retrograd.algorithms.frame import Patience
+    from retrograd.algorithms.evaluate import Patience
 
     p = Patience(patience=2, min_delta=0.1)
     assert p.update(1.0) and not p.stop

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from retrograd.algorithms import table
-from retrograd.algorithms.frame import Door
+from retrograd.algorithms.door import Door
 from retrograd.config import validate_run
 from retrograd.server.child import Channel, ServerControl, ServerSinks
 from tests.factories.agents import CHAT_TEMPLATE
