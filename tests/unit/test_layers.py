@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "retrograd"
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"  # draws LAYERS for readers
 ROOT = "retrograd"  # the package root, src/retrograd/__init__.py
 
 # bottom to top: a package or top-level module of retrograd imports only its own row's self and
@@ -207,6 +208,29 @@ def test_no_import_runs_up_a_layer():
 
 def test_no_import_cycle():
     assert circles(graph()) == [], "files that import each other"
+
+
+def drawn_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The rows of the first fenced block of docs/architecture.md: `NN  name name   what`,
+    the names up to the first run of two spaces after them."""
+    block = text.split("```")[1]
+    rows = []
+    for line in block.strip().splitlines():
+        number, rest = line.strip().split(maxsplit=1)
+        assert int(number) == len(rows) + 1, line
+        rows.append(tuple(rest.split("  ")[0].split()))
+    return tuple(rows)
+
+
+def test_the_architecture_page_draws_these_layers():
+    assert drawn_layers(ARCHITECTURE.read_text()) == LAYERS, (
+        "docs/architecture.md's block differs from LAYERS"
+    )
+    # the reading can fail: a page with two rows swapped is not LAYERS
+    swapped = (
+        "```\n 1  errors seeds nesting text version  leaves\n 2  threads  x\n 3  environ  y\n```"
+    )
+    assert drawn_layers(swapped)[1:] == (("threads",), ("environ",)) != LAYERS[1:3]
 
 
 def test_the_tarjan_pass_finds_a_circle_and_the_scan_sees_function_imports(tmp_path):
