@@ -52,17 +52,12 @@ def example_nlls(
 
 
 def sft_loss(
-    decoder: Decoder,
-    data: SFTDataset,
-    limit: int | None = None,
-    seq_chunk: int = 512,
-    *,
-    chunked: bool = True,
-    tiles: int = 8,
+    decoder: Decoder, data: SFTDataset, limit: int | None = None, **options
 ) -> tuple[float, int]:
-    """(mean NLL over trained tokens, number of trained tokens) of the dataset."""
+    """(mean NLL over trained tokens, number of trained tokens) of the dataset; `options`:
+    example_nlls's (seq_chunk, chunked, tiles)."""
     total, count = 0.0, 0
-    for e in example_nlls(decoder, data, limit, seq_chunk, chunked=chunked, tiles=tiles):
+    for e in example_nlls(decoder, data, limit, **options):
         total += e.nll
         count += e.tokens
     return (total / count if count else float("nan")), count
