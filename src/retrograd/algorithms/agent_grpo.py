@@ -125,15 +125,7 @@ def _train(cfg, door: Door, arena: Arena, scenario_file, held_file) -> frame.Res
     shape = frame.Shape(total_steps(cfg), a.updates, "update", names.REWARD_MEAN, label)
     run = frame.open_run(cfg, model, door, inputs, shape, observe="agent_grpo")
     limits = Limits.of(a, t.ctx)
-    roller = AgentRoller(
-        in_process(model, t, concurrency(cfg)),
-        context.chat_format(model, a.template_variables),
-        limits,
-        environment=arena.environment,
-        mcp=arena.mcp,
-        generator_name=Path(cfg.model.path).name,
-    )
-    run.closing.callback(roller.close)
+    roller = _roller(run, arena, limits)
     held = (lambda c: held_rewards(c, roller, held_file)) if held_file is not None else None
     run = frame.evaluate_with(run, reward_evaluation(held))
     reference = context.reference(cfg, model, run.tr.adapters)
@@ -154,23 +146,10 @@ def _train(cfg, door: Door, arena: Arena, scenario_file, held_file) -> frame.Res
             frame.observe_rollouts(run, update, groups, selection=True)
             trained = _trained(a, groups, update, counts)
             own = [r for grp in groups[lo:hi] for r in grp.members if r.eligible]  # this rank's
+            # 5-6. reference scores; epochs_per_update optimizer steps
             step = pos.global_step
             if trained:
-                # 5-6. reference scores; epochs_per_update optimizer steps
-                t1 = time.perf_counter()
-                if a.kl_coefficient > 0:
-                    attach_logprobs(reference, model.decoder, own, t, "ref_logprobs")
-                values[names.SCORING_SECONDS] = time.perf_counter() - t1
-                t1 = time.perf_counter()
-                step, out = policy.train(
-                    run, roller.backend, own, policy.Surrogate.of(a),
-                    _pass(trained, limits.loss_budget), a.epochs_per_update,
-                    f"update {update}", step,
-                )  # fmt: skip
-                values.update(_reported(out, trained, limits.loss_budget))
-                values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
-                for r in trained:
-                    r.trained = True
+                step = _update(run, roller, reference, own, trained, limits, update, step, values)
             for grp in groups:
                 for r in grp.members:
                     if r.trained is None:
@@ -191,6 +170,41 @@ def _train(cfg, door: Door, arena: Arena, scenario_file, held_file) -> frame.Res
         "updates without signal (every group scored alike)": counts["no_signal"],
     }
     return frame.finish(run, pos, summary=summary)
+
+
+def _roller(run: frame.Run, arena: Arena, limits: Limits) -> AgentRoller:
+    """The run's multi-turn rollouts: the in-process sampler over the training model, the
+    model's chat format, the arena's environment and MCP hub; closed with the run."""
+    cfg, model = run.cfg, run.model
+    roller = AgentRoller(
+        in_process(model, cfg.training, concurrency(cfg)),
+        context.chat_format(model, cfg.agent.template_variables),
+        limits,
+        environment=arena.environment,
+        mcp=arena.mcp,
+        generator_name=Path(cfg.model.path).name,
+    )
+    run.closing.callback(roller.close)
+    return roller
+
+
+def _update(run, roller, reference, own, trained, limits, update: int, step: int, values) -> int:
+    """Reference scores of this rank's trajectories (with a KL term) and epochs_per_update
+    optimizer steps; each trained one marked. -> the global step after them."""
+    a, t1 = run.cfg.agent, time.perf_counter()
+    if a.kl_coefficient > 0:
+        attach_logprobs(reference, run.model.decoder, own, run.cfg.training, "ref_logprobs")
+    values[names.SCORING_SECONDS] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    step, out = policy.train(
+        run, roller.backend, own, policy.Surrogate.of(a), _pass(trained, limits.loss_budget),
+        a.epochs_per_update, f"update {update}", step,
+    )  # fmt: skip
+    values.update(_reported(out, trained, limits.loss_budget))
+    values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
+    for r in trained:
+        r.trained = True
+    return step
 
 
 def _trained(a, groups: list[Group], update: int, counts: dict[str, int]) -> list[Rollout]:

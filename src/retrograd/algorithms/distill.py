@@ -98,7 +98,6 @@ def run_on_policy(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> 
     reference = context.reference(cfg, model, run.tr.adapters) if d.kl_coefficient > 0 else None
     backend = context.rollout_backend(run, _concurrency(cfg))
     run = frame.evaluate_with(run, _evaluation(backend, model, teacher, held, run.world))
-    teacher_of = lambda: nullcontext(teacher.decoder)  # noqa: E731
     stream = PromptStream(prompts, d.prompt_order, d.sampling.seed)
     pos, world = run.position, run.world
     with run.closing:
@@ -119,25 +118,10 @@ def run_on_policy(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> 
             values = answer_metrics(answers)
             values[names.TRAINED_FRACTION] = float(np.mean([r.eligible for r in answers]))
             values[names.GENERATION_SECONDS] = time.perf_counter() - began
+            # 3-6. the teacher's and the reference's scores, distill_epochs optimizer steps
             step = pos.global_step
             if trained:
-                # 3, 5. the teacher's and the reference's scores of this rank's answers
-                t1 = time.perf_counter()
-                attach_logprobs(teacher_of, model.decoder, own, t, "teacher_logprobs")
-                if reference is not None:
-                    attach_logprobs(reference, model.decoder, own, t, "ref_logprobs")
-                values[names.SCORING_SECONDS] = time.perf_counter() - t1
-                # 4, 6. the advantages at the first pass; distill_epochs optimizer steps
-                t1 = time.perf_counter()
-                step, out = policy.train(
-                    run, backend, own, policy.Surrogate.of(d), _pass(d, trained),
-                    d.distill_epochs, f"update {update}", step,
-                )  # fmt: skip
-                keys = _POLICY + ((names.POLICY_KL,) if d.kl_coefficient > 0 else ())
-                values.update(policy.kept(out, keys))
-                values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
-                pairs = spread.everyone([(r.old_logprobs, r.teacher_logprobs) for r in own], world)
-                values.update(_teacher_metrics(pairs, d.weight_clip))
+                step = _update(run, backend, teacher, reference, own, trained, update, step, values)
             for r in answers:
                 r.trained = r.eligible and bool(trained)
             pos = pos.after_update(update, cursor, step)
@@ -192,6 +176,29 @@ def _sample(cfg, backend, part, lo: int, *, update: int) -> list:
         sampling=d.sampling,
         concurrency=_concurrency(cfg),
     )
+
+
+def _update(run, backend, teacher, reference, own, trained, update: int, step: int, values) -> int:
+    """This rank's answers scored by the teacher (and the reference, with a KL term), the
+    advantages set at the first pass, distill_epochs optimizer steps, the teacher metrics.
+    -> the global step after them."""
+    d, t, decoder = run.cfg.distill, run.cfg.training, run.model.decoder
+    t1 = time.perf_counter()
+    attach_logprobs(lambda: nullcontext(teacher.decoder), decoder, own, t, "teacher_logprobs")
+    if reference is not None:
+        attach_logprobs(reference, decoder, own, t, "ref_logprobs")
+    values[names.SCORING_SECONDS] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    step, out = policy.train(
+        run, backend, own, policy.Surrogate.of(d), _pass(d, trained), d.distill_epochs,
+        f"update {update}", step,
+    )  # fmt: skip
+    keys = _POLICY + ((names.POLICY_KL,) if d.kl_coefficient > 0 else ())
+    values.update(policy.kept(out, keys))
+    values[names.OPTIMIZER_SECONDS] = time.perf_counter() - t1
+    pairs = spread.everyone([(r.old_logprobs, r.teacher_logprobs) for r in own], run.world)
+    values.update(_teacher_metrics(pairs, d.weight_clip))
+    return step
 
 
 def _pass(d, trained: list[Rollout]) -> policy.Pass:

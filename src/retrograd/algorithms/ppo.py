@@ -96,29 +96,15 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
             began, before = time.perf_counter(), pos.global_step
             # 1-2. one answer to each of the next rollout_batch_size prompts, rewarded in one
             # batch of the reward program (formats.md §2.4), each rank its block of them
-            batch = stream.draw(pos.index, p.rollout_batch_size)
-            values = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0}
-            roll = partial(
-                _sample_and_reward, run.cfg, backend, program, update=update, timing=values
+            groups, values = _rollouts(
+                run, backend, program, stream.draw(pos.index, p.rollout_batch_size), update
             )
-            groups = spread.spread(batch, roll, world)
             answers = [g.members[0] for g in groups]
             lo, hi = spread.block(len(answers), world)
             own = answers[lo:hi]  # this rank's: it scores and back-propagates these
-            # 3-4. the critic's features and old values; advantages
-            t1 = time.perf_counter()
-            features = _score_features(cfg, model.decoder, own) if critic else None
-            old = _old_values(critic, features, world) if critic else None
-            returns, values[names.ADVANTAGE_STD] = _advantages(cfg, answers, old)
-            values[names.SCORING_SECONDS] = time.perf_counter() - t1
-            signal = any(np.any(r.token_advantages != 0) for r in answers)
-            for r in answers:
-                r.skip_reason = None if signal else "zero_signal"
+            # 3-4. the critic's features and old values; advantages (none equal: a signal)
+            features, returns, signal = _advantages_of(run, critic, answers, own, values)
             frame.observe_rollouts(run, update, groups)
-            values.update(reward_metrics(answers) | answer_metrics(answers))
-            values[names.ADVANTAGE_ABS_MEAN] = float(
-                np.mean(np.concatenate([np.abs(r.token_advantages) for r in answers]))
-            )
             # 5. the policy: ppo_epochs passes, one optimizer step each
             step, t1 = pos.global_step, time.perf_counter()
             if signal:
@@ -156,6 +142,34 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
 
 
 # -- sampling, scores and advantages -------------------------------------------------------
+
+
+def _rollouts(run, backend, program, batch, update: int) -> tuple[list, dict[str, float]]:
+    """The update's groups of one answer, sampled and rewarded by each rank's block of the
+    (cursor, prompt) `batch` and gathered on every rank, and their timings."""
+    values = {names.GENERATION_SECONDS: 0.0, names.REWARD_SECONDS: 0.0}
+    roll = partial(_sample_and_reward, run.cfg, backend, program, update=update, timing=values)
+    return spread.spread(batch, roll, run.world), values
+
+
+def _advantages_of(run, critic, answers: list[Rollout], own: list[Rollout], values: dict):
+    """The critic's features of this rank's answers and every answer's old values, the
+    advantages, and the update's rollout metrics into `values`. -> (features, the critic's
+    targets, whether the advantages carry a signal: a batch whose every advantage is 0 does
+    not train the policy)."""
+    cfg, t1 = run.cfg, time.perf_counter()
+    features = _score_features(cfg, run.model.decoder, own) if critic else None
+    old = _old_values(critic, features, run.world) if critic else None
+    returns, values[names.ADVANTAGE_STD] = _advantages(cfg, answers, old)
+    values[names.SCORING_SECONDS] = time.perf_counter() - t1
+    signal = any(np.any(r.token_advantages != 0) for r in answers)
+    for r in answers:
+        r.skip_reason = None if signal else "zero_signal"
+    values.update(reward_metrics(answers) | answer_metrics(answers))
+    values[names.ADVANTAGE_ABS_MEAN] = float(
+        np.mean(np.concatenate([np.abs(r.token_advantages) for r in answers]))
+    )
+    return features, returns, signal
 
 
 def _sample_and_reward(cfg, backend, program, part, lo: int, update: int, timing: dict) -> list:
