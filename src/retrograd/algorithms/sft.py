@@ -143,9 +143,15 @@ def fit(cfg, model, corpus: Corpus, door: Door) -> frame.Result:
             window = (
                 {WINDOW: partial(window_bytes, s.cache, s.group.end)} if pos.at["group"] else {}
             )
+            tokens = sum(e - b for b, e in s.group.passes)
+            log.debug(
+                "step %d (%s, group %d/%d): %d tokens, loss %.4f, lr %.3g, %.3f s",
+                pos.global_step, s.example.where, s.g + 1, len(s.groups), tokens, loss, rate,
+                time.perf_counter() - began,
+            )  # fmt: skip
             report = frame.Report(
                 {names.TRAIN_LOSS: loss, names.LEARNING_RATE: rate},
-                sum(e - b for b, e in s.group.passes),
+                tokens,
                 began,
                 s.epoch,
                 before,
