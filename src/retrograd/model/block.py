@@ -376,7 +376,6 @@ class Block(nn.Module):
                 buffer = name.replace(".", "__")
                 self.register_buffer(buffer, part.float(), persistent=False)
                 self._tensors[name] = buffer
-        self.act = ACTIVATIONS[cfg.arch.ffn_act]
 
     def part(self, name: str):
         """The layer's tensor or module of this GGUF suffix ("ssm_a", "shortconv.in_proj"),
