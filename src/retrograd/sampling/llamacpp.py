@@ -159,7 +159,10 @@ class LlamaCppBackend:
                     f"output has {n_vocab}: the llama_cpp rollout backend cannot sample it"
                 )
             self._open(settings.sequences)
-            self._sync()  # an adapter llama.cpp refuses fails the run before it trains
+            self.sync()  # an adapter llama.cpp refuses fails the run before it trains
+            # NOTE: written again before the first answers: a resumed run restores the
+            # adapter's weights after its backend is built, and says nothing
+            self._dirty = adapter is not None
         except BaseException:
             self.close()
             raise
@@ -176,7 +179,7 @@ class LlamaCppBackend:
         most = max((r.n for r in requests), default=0)
         if most > self.sequences:
             self._open(most)
-        self._sync()
+        self.sync()
         out: list[list[Completion] | None] = [None] * len(requests)
         rows = [self.chooser.make_rows(r, entry=i) for i, r in enumerate(requests)]
         left = [len(rs) for rs in rows]
@@ -236,7 +239,7 @@ class LlamaCppBackend:
     def prompt_logits(self, prompt: Sequence[int]) -> torch.Tensor:
         """The logits after `prompt` (V,) float32, with the adapter as last set: what llama.cpp
         computes, for checks (the rollouts go through `generate`)."""
-        self._sync()
+        self.sync()
         try:
             return self._prefill([(0, tuple(prompt))])[0]
         finally:
@@ -245,7 +248,7 @@ class LlamaCppBackend:
     @property
     def adapter_handle(self) -> int | None:
         """The address of the llama.cpp adapter set on the context (None before one is)."""
-        return self._lora
+        return None if self._lora is None else ctypes.cast(self._lora, ctypes.c_void_p).value
 
     # -- the model, the context and the adapter -----------------------------------------------
 
@@ -295,8 +298,9 @@ class LlamaCppBackend:
         if self._lora is not None:
             self._set(self._lora)
 
-    def _sync(self) -> None:
-        """The adapter as the weights are now, set on the context; the previous one freed."""
+    def sync(self) -> None:
+        """The adapter as the weights are now, set on the context, the previous one freed, if
+        an update came since the last (`generate` calls it; a caller may, to time it)."""
         if not self._dirty or self.adapter is None:
             return
         a = self.adapter

@@ -169,6 +169,25 @@ def test_an_update_reaches_the_answers_after_policy_changed(fresh):
     assert np.abs(after - moved).max() < 2e-3
 
 
+def test_the_first_answers_read_weights_restored_after_the_backend_was_built(fresh):
+    """A resumed run restores the adapter after building its backend, without policy_changed:
+    the first answers still follow the restored weights (the adapter is written again)."""
+    model, path = fresh("llama")
+    adapters, source = policy(model, seed=3)
+    b = backend(model, path, adapter=source)
+    built = b.adapter_handle
+    try:
+        with torch.no_grad():
+            for lora in adapters.values():
+                lora.lora_b.mul_(-2.0)  # what restoring a checkpoint does to the factors
+            restored = model.logits(list(PROMPTS[0]))[-1].numpy()
+        theirs = b.prompt_logits(PROMPTS[0]).numpy()
+        assert b.adapter_handle != built
+    finally:
+        b.close()
+    assert np.abs(theirs - restored).max() < 2e-3
+
+
 def test_fanned_out_answers_are_the_answers_sampled_alone(fresh):
     """An answer depends on its prompt, settings and seed, not on its group: 6 answers of one
     prompt (one prefill, the cells shared) are each the answer sampled alone by its seed, and
