@@ -1,13 +1,22 @@
 """Reward program for plural nouns (persistent protocol retrograd-reward/1; oneshot works too).
 
 The prompt asks "Plural of WORD:" for a regular English noun; the expected answer follows the
-spelling rules (box -> boxes, city -> cities, cat -> cats). The reward climbs a ladder, so that
-a group of answers from a small base model nearly always holds a signal:
+spelling rules (box -> boxes, city -> cities, cat -> cats). The answer is read as few-shot
+evaluation harnesses read a base model's answer: up to its first line break. The reward
+climbs a ladder, so that a group of answers from a small base model nearly always holds a
+signal:
 
-    1.0   the answer is the plural and nothing else ("cities")
-    0.75  the answer starts with the plural, then goes on ("cities and towns")
+    1.0   the first line is the plural and nothing else ("cities", "Cities.", "cities\n..."):
+          blank space and one final "." or "!" may follow it on that line
+    0.75  the first line starts with the plural, then goes on ("cities and towns")
     0.25  the answer starts with the word itself, unchanged ("city ...")
     0.0   anything else, or a prompt without "Plural of WORD"
+
+Why the first line: a small base model almost never ends its turn right after the plural
+(Gemma 3 270M: about one answer in 10,000 ends there; its end-of-turn token has a probability
+of about 1e-6), so a reward that asks for the end of the turn has nothing to reinforce; it
+breaks the line after the plural about once in 70 answers, which a few updates find and
+strengthen. What follows the line break is not scored.
 
 Standard library only:
 
@@ -22,6 +31,7 @@ import sys
 
 QUESTION = re.compile(r"plural of\s+([A-Za-z]+)", re.IGNORECASE)
 FIRST_WORD = re.compile(r"\s*([A-Za-z]+)")
+ALONE = re.compile(r"\s*[.!]?\s*")  # what may follow the plural on its line
 
 
 def plural(word: str) -> str:
@@ -40,8 +50,8 @@ def score(prompt: str, completion: str) -> float:
         return 0.0
     word, answer = asked[1].lower(), first[1].lower()
     if answer == plural(word):
-        rest = completion[first.end() :].strip(" .!\n")
-        return 1.0 if not rest else 0.75
+        line = completion[first.end() :].split("\n", 1)[0]
+        return 1.0 if ALONE.fullmatch(line) else 0.75
     return 0.25 if answer == word else 0.0
 
 

@@ -301,7 +301,11 @@ def test_too_few_trajectories_fail_or_skip(chat_model, tmp_path, monkeypatch):
     monkeypatch.setattr("tests.e2e.test_train_agent.solving", lambda seed, turn: "no idea")
     run = write_run(tmp_path, chat_model, {"updates": 1})
     result = agent_grpo.run_agent_grpo(load_run(run), run_file=run, sinks=sinks())
-    assert result.counts["skipped"] == 0 and result.counts["no_signal"] == 1 and result.global_step == 0
+    assert (
+        result.counts["skipped"] == 0
+        and result.counts["no_signal"] == 1
+        and result.global_step == 0
+    )
 
 
 def test_min_reward_trains_a_cut_trajectory_at_the_group_minimum(chat_model, tmp_path, monkeypatch):

@@ -191,6 +191,7 @@ def test_on_policy_lowers_the_teacher_kl_on_held_out_prompts(models, tmp_path):
         "distill/teacher_kl_p95",
         "distill/advantage_clipped_fraction",
         "completions/truncation_fraction",
+        "policy/sampler_logprob_gap",  # docs/distill.md, "Metrics"
         "eval/teacher_kl",
     ):
         assert name in tags, name

@@ -150,7 +150,9 @@ def test_a_reply_nested_too_deep_fails_the_trajectory_naming_the_limit(server, l
     episode = env.open(scenario(), 0)
     server.raw_step = '{"result": {"content": "ok"}, "x": ' + "[" * levels + "]" * levels + "}"
     try:
-        with pytest.raises(EnvironmentFailure, match="/step: the answer is JSON nested more than 64"):
+        with pytest.raises(
+            EnvironmentFailure, match="/step: the answer is JSON nested more than 64"
+        ):
             episode.step("add", {"by": 1})
     finally:
         server.raw_step = None

@@ -61,6 +61,10 @@ PLURALS = [  # prompt, completion, expected reward
     ("Plural of cat:", "cats", 1.0),
     ("Plural of cat:", " Cats.\n", 1.0),
     ("Plural of box:", "boxes and more", 0.75),
+    ("Plural of city:", "cities\nand towns", 1.0),  # the first line is read, as harnesses do
+    ("Plural of city:", "cities and\ntowns", 0.75),
+    ("Plural of cat:", "cats!!!", 0.75),  # one final "." or "!" at most
+    ("Plural of cat:", "cats. \n", 1.0),
     ("Plural of city:", "cities", 1.0),
     ("Plural of city:", "citys", 0.0),
     ("Plural of key:", "keys", 1.0),
@@ -73,8 +77,9 @@ PLURALS = [  # prompt, completion, expected reward
 
 
 def test_plurals_climbs_its_ladder():
-    """The reward of the GRPO example (examples/grpo/plurals.toml): the plural alone 1, the
-    plural then more 0.75, the word copied 0.25, anything else 0."""
+    """The reward of the GRPO and PPO examples (examples/grpo/plurals.toml), on the answer's
+    first line: the plural alone 1, the plural then more 0.75, the word copied 0.25, anything
+    else 0."""
     argv = [sys.executable, str(EXAMPLES / "plurals.py")]
     with RewardProgram(argv, timeout=20) as program:
         rewards = [r.reward for r in program.score([RewardRequest(p, c) for p, c, _ in PLURALS])]
