@@ -2,7 +2,7 @@
 the sampler's cache in ppo, grpo, on-policy distillation and agent_grpo (fast_sampling_context
 on) and in bench, chat and serve, the cache of a window's earlier passes in sft and offline distillation; a preference run
 builds no cache, and with fast_sampling_context = false the sampler's cache is float32 whatever
-the key says (exact sampling). Observed through KVCache.update, which every cache's first pass
+the key says (exact sampling); the run server's live chat samples with the run's key too. Observed through KVCache.update, which every cache's first pass
 goes through, on a bf16 compute path: there sft's "f16" is not the float32 fallback of an f32
 path, and the sampler's 16-bit cache is the compute type, bf16 (docs/configuration.md)."""
 
@@ -155,4 +155,20 @@ def test_bench_chat_and_serve_sample_with_the_runs_kv_dtype(kv, caches, tmp_path
     caches.clear()
     loaded = load_for_generation(load_run(run), None, 64, None)
     loaded.sampler.generate([SampleRequest((2, 5, 6), SamplingParams(max_new_tokens=2))])
+    assert caches and set(caches) == expected, set(caches)
+
+
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_the_run_servers_live_chat_samples_with_the_runs_kv_dtype(kv, caches, tmp_path, chat_model):
+    """The run server's answers from the training model between steps (server/child.py)."""
+    from retrograd.config import load_run
+    from retrograd.model.model import load
+    from retrograd.server.child import LiveModel
+
+    cfg = load_run(grpo.write_run(tmp_path, chat_model, training={"kv_dtype": kv}))
+    live = LiveModel(cfg, load(cfg.model.path), plan=None)
+    caches.clear()
+    out = live.generate({"prompt": "hi", "max_new_tokens": 2, "chat": False})
+    assert out["prompt_tokens"] > 0
+    expected = {torch.bfloat16} if kv == "f16" else {torch.float32}
     assert caches and set(caches) == expected, set(caches)

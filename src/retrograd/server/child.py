@@ -287,12 +287,13 @@ class LiveModel:
     def _ready(self) -> None:
         from retrograd.algorithms.context import chat_format
         from retrograd.sampling import Sampler
+        from retrograd.sampling.engine import run_settings
 
         if self.sampler is None:
             model = self.model
             self.ctx = min(4096, model.config.n_ctx_train or 4096)
-            fast = self.cfg.training.fast_sampling_context
-            self.sampler = Sampler(model.decoder, model.tokenizer, fast=fast, max_len=self.ctx)
+            settings = run_settings(self.cfg.training)  # fast_sampling_context, kv_dtype
+            self.sampler = Sampler(model.decoder, model.tokenizer, max_len=self.ctx, **settings)
             variables = getattr(self.cfg.algorithm_section, "template_variables", None)
             self.chat = chat_format(model, variables)
 
