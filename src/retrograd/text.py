@@ -5,7 +5,8 @@ whatever called it in UnicodeEncodeError.
 
 `is_text` tells; `as_text` makes each lone surrogate U+FFFD (for what a model or a tool reads);
 `json_dumps` writes JSON that always encodes, with ASCII escapes where a lone surrogate must
-stay as it was (a record read back holds the same string). Nothing here knows where a string
+stay as it was (a record read back holds the same string); `not_text_at` finds the place of
+the first string in parsed JSON that is not text (for a reader that refuses it). Nothing here knows where a string
 came from or where it goes.
 """
 
@@ -39,3 +40,22 @@ def json_dumps(value: Any, **options: Any) -> str:
     surrogate, the same value with ASCII escapes: text a UTF-8 file always takes."""
     text = json.dumps(value, ensure_ascii=False, **options)
     return text if is_text(text) else json.dumps(value, ensure_ascii=True, **options)
+
+
+def not_text_at(value: Any) -> tuple[str | int, ...] | None:
+    """The path (keys and indices) to the first string, key or value, in a parsed JSON value
+    that holds a lone surrogate; None when every string is text. Walked without recursion."""
+    todo: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while todo:
+        item, path = todo.pop()
+        if isinstance(item, str):
+            if not is_text(item):
+                return path
+        elif isinstance(item, dict):
+            for key, v in reversed(item.items()):
+                if isinstance(key, str) and not is_text(key):
+                    return (*path, key)
+                todo.append((v, (*path, key)))
+        elif isinstance(item, list | tuple):
+            todo.extend((v, (*path, i)) for i, v in reversed(list(enumerate(item))))
+    return None

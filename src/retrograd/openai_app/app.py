@@ -33,6 +33,7 @@ from retrograd.openai_app.protocol import ApiError
 from retrograd.openai_app.worker import Busy, Worker
 from retrograd.sampling import SampleRequest, SamplingParams
 from retrograd.sampling.batch import LiveBatch
+from retrograd.text import json_dumps
 
 MAX_BODY_BYTES = 4 << 20
 BASE_ID = "base"
@@ -326,7 +327,7 @@ def _ending(base: dict, answer, include_usage: bool, parse) -> list[dict]:
 
 
 def _frame(chunk: dict) -> str:
-    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    return f"data: {json_dumps(chunk)}\n\n"
 
 
 def _error(e: ApiError) -> JSONResponse:

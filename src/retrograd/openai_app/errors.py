@@ -3,6 +3,10 @@ that the run server can answer its OpenAI routes' errors and listings before loa
 
 from __future__ import annotations
 
+from typing import Any
+
+from retrograd.text import not_text_at
+
 
 class ApiError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
@@ -33,6 +37,16 @@ def too_deep(limit: int, what: str = "the body") -> ApiError:
     return ApiError(
         400, f"{what} nests arrays and objects deeper than {limit}", None, "invalid_json"
     )
+
+
+def check_text(data: Any) -> None:
+    """ApiError 400 naming the field of the first string in a parsed request that holds a lone
+    surrogate (a `\\ud800` escape: JSON, but no template, tokenizer or answer takes it)."""
+    where = not_text_at(data)
+    if where is not None:
+        place = ".".join(str(p) for p in where) or "body"
+        message = f"{place}: holds a lone surrogate, which is not text"
+        raise ApiError(400, message, str(where[0]) if where else None, "invalid_value")
 
 
 def model_entry(name: str, created: int) -> dict:

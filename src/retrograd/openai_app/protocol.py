@@ -22,7 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrograd import nesting
 from retrograd.errors import DataError
-from retrograd.openai_app.errors import ApiError, model_entry, too_deep  # noqa: F401 - re-exported
+from retrograd.openai_app.errors import (  # noqa: F401 - re-exported
+    ApiError,
+    check_text,
+    model_entry,
+    too_deep,
+)
 from retrograd.sampling.grammar import Grammar, SchemaError, json_schema_grammar
 from retrograd.tokenizer.records import check_order
 from retrograd.tokenizer.toolcalls import normalize_arguments
@@ -57,6 +62,9 @@ class ChatRequest(BaseModel):
 
 
 def parse_request(data: Any) -> ChatRequest:
+    """The request, or ApiError 400 naming the field: one that does not match, or a string
+    holding a lone surrogate (a `\\ud800` escape no template, tokenizer or answer takes)."""
+    check_text(data)
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as e:

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from retrograd import nesting
+from retrograd.server.guard import refuse_non_text
 from retrograd.server.problems import FieldError, Problem, not_found, pointer, too_deep
 from retrograd.server.store import iso, now_ms, write_atomic
+from retrograd.text import json_dumps
 
 FORMATS = ("auto", "text", "jsonl", "preference-jsonl")
 CTX_MARKS = (128, 256, 512, 1024, 2048, 4096, 8192)  # truncation reported at these contexts
@@ -66,7 +68,7 @@ def parse(body: bytes, media: str, fmt: str) -> Parsed:
         )
     content = body
     if media == "application/json":
-        content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+        content = "".join(json_dumps(r) + "\n" for r in records).encode()
     return Parsed(kind, records, ".jsonl", content)
 
 
@@ -84,6 +86,7 @@ def _records(text: str, media: str) -> list[Any]:
             raise _bad("", f"not JSON: {error}") from None
         if not isinstance(records, list) or not records:
             raise _bad("", "a JSON body must be a non-empty array of records")
+        refuse_non_text(records)
         return records
     records = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -95,6 +98,7 @@ def _records(text: str, media: str) -> list[Any]:
             raise too_deep(error, f"line {n}: {error.msg}", f"/line/{n}") from None
         except json.JSONDecodeError as error:
             raise _bad(f"/line/{n}", f"line {n}: not JSON ({error.msg})") from None
+        refuse_non_text(records[-1], f"/line/{n}")
     if not records:
         raise _bad("", "no records")
     return records

@@ -14,6 +14,8 @@ import json
 import threading
 from typing import Any
 
+from retrograd.text import json_dumps
+
 QUEUE = 256  # events a subscriber may fall behind by before it is lagged
 
 
@@ -80,7 +82,7 @@ class Hub:
 def frame(event: dict[str, Any], with_id: bool = True) -> str:
     """One SSE frame: `id: <seq>`, `event: <type>`, `data: <json>`."""
     head = f"id: {event['seq']}\n" if with_id and "seq" in event else ""
-    return f"{head}event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    return f"{head}event: {event['type']}\ndata: {json_dumps(event)}\n\n"
 
 
 def lagged_frame(since: int) -> str:

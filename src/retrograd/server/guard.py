@@ -40,6 +40,7 @@ from retrograd.server.problems import (
     too_deep,
     unknown_field,
 )
+from retrograd.text import not_text_at
 
 log = logging.getLogger(__name__)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="retrograd"'}
@@ -232,6 +233,13 @@ class BoundedRoute(APIRoute):
                 raise too_deep(error, f"the body is {error}") from None
             except UnicodeDecodeError:
                 pass  # not text: FastAPI's own parse says so
+            if b"\\u" in body:  # an escape: perhaps a lone surrogate
+                try:
+                    data = json.loads(body)
+                except ValueError:
+                    pass  # not JSON: FastAPI's own parse says so
+                else:
+                    refuse_non_text(data)
             return await handler(request)
 
         return bounded
@@ -294,6 +302,17 @@ def _field_error(error: dict) -> FieldError:
     return FieldError(where, "invalid_value", error.get("msg", ""))
 
 
+def refuse_non_text(data, where: str = "") -> None:
+    """Problem (invalid-request) naming the first string of a parsed body (or of its line
+    `where`) that holds a lone surrogate: a `\\ud800` escape is JSON, but no run file,
+    template, tokenizer or record of ours takes it."""
+    path = not_text_at(data)
+    if path is not None:
+        at = where + pointer(*path)
+        message = f"{at or 'the body'}: holds a lone surrogate (a \\ud800 escape), not text"
+        raise Problem("invalid-request", message, [FieldError(at, "invalid_value", message)])
+
+
 def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
     """A JSON object body, nested at most nesting.MAX_DEPTH deep; unknown top-level fields
     refused with the closest known one."""
@@ -307,6 +326,7 @@ def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
             f"the body is not JSON: {error}",
             [FieldError("", "unsupported_format", f"not JSON: {error}")],
         ) from None
+    refuse_non_text(data)
     if not isinstance(data, dict):
         raise Problem(
             "invalid-request",

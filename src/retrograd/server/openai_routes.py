@@ -23,10 +23,11 @@ from pathlib import Path
 from starlette.responses import JSONResponse, StreamingResponse
 
 from retrograd import nesting
-from retrograd.openai_app.errors import ApiError, model_entry, too_deep
+from retrograd.openai_app.errors import ApiError, check_text, model_entry, too_deep
 from retrograd.server.problems import Problem
 from retrograd.server.runner import LIVE, Runs
 from retrograd.server.store import RunRecord, RunStore
+from retrograd.text import json_dumps
 
 CHAT = "/v1/chat/completions"
 _ID = re.compile(r"^(run_[0-9a-f]+)(?:@(final|best|latest|base|step-(\d+)))?$")
@@ -221,6 +222,7 @@ class ChatCompletions:
             more = message.get("more_body", False)
         try:
             data = nesting.loads(body)
+            check_text(data)  # before a run's process or serve's app reads it
             model_id = data.get("model") if isinstance(data, dict) else None
             if not isinstance(model_id, str):
                 raise ApiError(400, "model: required, a model id (GET /v1/models)", "model")
@@ -301,7 +303,7 @@ async def _one_piece(body: dict, data: dict):
     if (data.get("stream_options") or {}).get("include_usage"):
         chunks.append(proto.usage_chunk(base, body["usage"]))
     for chunk in chunks:
-        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        yield f"data: {json_dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"
 
 

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrograd.text import json_dumps
+
 STATUSES = (
     "queued",
     "resolving",
@@ -113,7 +115,7 @@ class EventLog:
         self.seq += 1
         event = {"seq": self.seq, "at": now_ms(), "type": kind, **body}
         with open(self.path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(event, ensure_ascii=False) + "\n")
+            out.write(json_dumps(event) + "\n")  # a lone surrogate stays, escaped
             out.flush()
         self.ring.append(event)
         return event
@@ -179,7 +181,7 @@ class RunStore:
         self.save(record)
 
     def save(self, record: RunRecord) -> None:
-        text = json.dumps(record.to_json(), indent=1, ensure_ascii=False)
+        text = json_dumps(record.to_json(), indent=1)
         write_atomic(self.folder(record.id) / "run.json", text)
 
     def transition(self, record: RunRecord, status: str, error: str | None = None) -> None:

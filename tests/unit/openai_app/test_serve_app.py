@@ -272,3 +272,27 @@ def test_a_failed_generation_is_an_openai_error_streamed_or_not(chat_format):
         with pytest.raises(openai.InternalServerError) as err:
             sdk(url).chat.completions.create(model="tuned", messages=HI)
         assert err.value.code == "server_error" and "out of memory" in err.value.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_a_request_is_a_400_naming_the_field(chat_format, stream):
+    """A `\\ud800` escape is JSON, but no template, tokenizer or UTF-8 answer takes it."""
+    app, batch = make(chat_format)
+    with serving(app) as url:
+        for field, body in (
+            (
+                "messages",
+                '{"model": "tuned", "messages": [{"role": "user", "content": "a\\ud800"}]',
+            ),
+            ("model", '{"model": "\\udfff", "messages": [{"role": "user", "content": "hi"}]'),
+        ):
+            raw = body + (', "stream": true}' if stream else "}")
+            r = httpx.post(
+                url + "/chat/completions", content=raw, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == field and "lone surrogate" in error["message"], error
+        nul = [{"role": "user", "content": "a\x00b"}]  # a NUL is text: answered
+        r = sdk(url).chat.completions.create(model="tuned", messages=nul)
+    assert r.choices[0].message.content == "Hello there." and len(batch.prompts) == 1

@@ -1,0 +1,109 @@
+"""Text a client, a model or a file name puts in the run server's records: a lone surrogate (a
+`\\ud800` escape in a JSON body, a file name's undecodable byte) and a NUL.
+
+A body holding a lone surrogate is refused naming its place (problem+json, OpenAI's error on
+the OpenAI route): no template, tokenizer or run file takes it. What reaches the server's own
+files anyway (events a run's process reports, a run's record) is written as UTF-8 that reads
+back to the same string, and streamed as frames that encode; a NUL is text, kept as it was.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retrograd.server.events import frame
+from retrograd.server.store import EventLog, RunRecord, RunStore, now_ms
+from tests.unit.server import test_server_depth as depth
+
+client = depth.client  # the depth tests' server, a completed run RUN on it
+RUN = depth.RUN
+
+HOSTILE = ["\ud800", "a\udfffb", "\udcff.gguf", "a\x00b", "\x00"]
+JSON, JSONL = "application/json", "application/x-ndjson"
+SURROGATE = '"a\\ud800"'  # as a client sends it: an escape, valid JSON
+CHAT = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]}'
+BAD_CHAT = CHAT.replace('"ho"', SURROGATE)
+
+
+def _run_body(**replace: str) -> str:
+    config = {"run": {"algorithm": "sft"}, "model": {"path": "m.gguf"}, "sft": {"data": "d"}}
+    text = json.dumps({"config": config, "name": "n"})
+    for old, new in replace.items():
+        text = text.replace(f'"{old}"', new)
+    return text
+
+
+REFUSED = [
+    ("POST", "/v1/runs", JSON, _run_body(n=SURROGATE), "/name"),
+    ("POST", "/v1/runs?dry_run=true", JSON, _run_body(d=SURROGATE), "/config/sft/data"),
+    ("POST", "/v1/plan", JSON, _run_body(d=SURROGATE), "/config/sft/data"),
+    ("POST", "/v1/datasets", JSON, "[" + CHAT + ", " + BAD_CHAT + "]", "/1/messages/1/content"),
+    ("POST", "/v1/datasets", JSONL, CHAT + "\n" + BAD_CHAT + "\n", "/line/2/messages/1/content"),
+    ("POST", "/v1/preflight", JSON, '{"model": ' + SURROGATE + "}", "/model"),
+    ("POST", f"/v1/runs/{RUN}/generate", JSON, '{"prompt": ' + SURROGATE + "}", "/prompt"),
+    ("PATCH", f"/v1/runs/{RUN}", JSON, '{"training": {"lr": ' + SURROGATE + "}}", "/training/lr"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "media", "body", "where"), REFUSED)
+def test_a_body_holding_a_lone_surrogate_is_refused_naming_its_place(
+    client, method, path, media, body, where
+):
+    doc = depth.invalid_request(client, method, path, media, body)
+    assert "lone surrogate" in doc["detail"]
+    assert [e["pointer"] for e in doc["errors"]] == [where], doc
+
+
+def test_the_openai_route_refuses_a_lone_surrogate_in_its_own_error_shape(client):
+    body = '{"model": "' + RUN + '", "messages": [{"role": "user", "content": ' + SURROGATE + "}]}"
+    r = client.post("/v1/chat/completions", content=body, headers={"Content-Type": JSON})
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+    assert "lone surrogate" in error["message"]
+
+
+def test_a_dataset_holding_a_nul_is_stored_as_utf8(client, tmp_path):
+    nul = CHAT.replace('"ho"', '"h\\u0000o"')
+    r = client.post("/v1/datasets", content="[" + nul + "]", headers={"Content-Type": JSON})
+    assert r.status_code == 201, r.text[:300]
+    lines = client.get(f"/v1/datasets/{r.json()['id']}/preview").text
+    assert "h\\u0000o" in lines or "h\x00o" in json.dumps(json.loads(lines))
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_event_log_writes_utf8_that_reads_back_the_same(tmp_path, text):
+    log = EventLog(tmp_path / "events.jsonl")
+    log.append("note", {"message": text, "sample": {text: [text]}})
+    log.append("status", {"status": "running"})  # the writer goes on
+    raw = (tmp_path / "events.jsonl").read_bytes()
+    raw.decode("utf-8")  # strict: no lone surrogate reached the file
+    assert raw.count(b"\n") == 2
+    again = EventLog(tmp_path / "events.jsonl")
+    assert [e["type"] for e in again.since(0)] == ["note", "status"] and again.seq == 2
+    note = again.since(0)[0]
+    assert note["message"] == text and note["sample"] == {text: [text]}
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_runs_record_writes_utf8_that_reads_back_the_same(tmp_path, text):
+    store = RunStore(tmp_path)
+    record = RunRecord(
+        id=RUN, name=text, status="queued", algorithm="sft", model=text, created_at=now_ms()
+    )
+    store.add(record)
+    store.transition(record, "failed", error=f"{text}: no such file")
+    (tmp_path / RUN / "run.json").read_bytes().decode("utf-8")
+    again = RunStore(tmp_path)
+    again.load()
+    back = again.runs[RUN]
+    assert (back.name, back.model, back.error) == (text, text, f"{text}: no such file")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_an_event_frame_encodes_and_reads_back_the_same(text):
+    sse = frame({"seq": 1, "type": "note", "message": text})
+    data = sse.encode("utf-8").decode("utf-8").split("data: ", 1)[1]
+    assert json.loads(data)["message"] == text
