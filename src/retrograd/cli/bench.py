@@ -223,8 +223,7 @@ def _add_agreement(table, label: str, a, perplexity, seconds: float) -> None:
 def _distill_data(cfg, data: str, args, chat, teacher, ctx: int):
     """The examples to compare on: the chat file as SFT reads it, or, for a file of prompts,
     each prompt with the teacher's sampled answer."""
-    import json
-
+    from retrograd import nesting
     from retrograd.algorithms.distill import EVALUATE
     from retrograd.data.prompts import read_prompts, render_prompts
     from retrograd.data.sft import Example, SFTDataset, load_sft_data
@@ -236,7 +235,7 @@ def _distill_data(cfg, data: str, args, chat, teacher, ctx: int):
     path = Path(data)
     try:
         first = next(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-        messages = json.loads(first).get("messages") or [{}]
+        messages = nesting.loads(first).get("messages") or [{}]  # too deep: a ValueError
         prompts_only = messages[-1].get("role") != "assistant"
     except (OSError, StopIteration, ValueError, AttributeError, TypeError):
         prompts_only = False  # load_sft_data says what is wrong

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrograd import nesting
 from retrograd.text import is_text
 
 
@@ -61,6 +62,10 @@ class ParsedTurn:
 
 
 MAX_ARGUMENT_DEPTH = 64  # objects and arrays inside each other, the arguments' own included
+# what a call's JSON may nest as read (deeper: invalid_json): the arguments in a call object in
+# an array of calls, with room past the limit, so that arguments a few levels too deep are read
+# and refused as arguments by argument_problem (bad_arguments, naming the limit)
+PARSE_DEPTH = MAX_ARGUMENT_DEPTH + 8
 
 
 def _value_problem(value: Any) -> str | None:
@@ -110,13 +115,12 @@ def _json_arrays(value: Any) -> Any:
 
 def _decode_json(text: str, pos: int = 0) -> tuple[Any, int]:
     """One JSON value at `pos`. Every failure is a JSONDecodeError: a number of more digits
-    than Python converts, or nesting past what the parser recurses through, included."""
+    than Python converts, or nesting past PARSE_DEPTH (nesting.TooDeep, found before the
+    parser recurses), included."""
     try:
-        return json.JSONDecoder().raw_decode(text, pos)
+        return nesting.raw_decode(text, pos, PARSE_DEPTH)
     except json.JSONDecodeError:
         raise
-    except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text, pos) from None
     except ValueError as e:  # int("7" * 5000): past sys.get_int_max_str_digits()
         raise json.JSONDecodeError(str(e), text, pos) from None
 

@@ -285,6 +285,30 @@ def test_a_bad_json_reply_is_a_broken_tool(tmp_path, sandbox, code, why):
     assert why in str(error.value)
 
 
+def test_a_json_reply_nested_too_deep_is_a_broken_tool_not_a_crash(tmp_path, sandbox):
+    # as deep as the output cap lets through: past what Python's parser recurses into
+    tool = json_tool(tmp_path, "print('{\"content\": ' + '[' * 30000 + ']' * 30000 + '}')")
+    with pytest.raises(EnvironmentFailure, match="exec tool 'check' broke the json protocol"):
+        tool.call(sandbox, {})
+    with pytest.raises(EnvironmentFailure, match="nested more than 64 levels deep"):
+        tool.call(sandbox, {})
+
+
+@pytest.mark.parametrize(
+    "definitions",
+    [
+        "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+        "x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n",
+        "x" + ".x" * 900 + " = 1\n",  # dotted keys: no bracket, past tomllib into our readers
+    ],
+)
+def test_a_definition_file_nested_too_deep_is_a_config_error(tmp_path, definitions):
+    with pytest.raises(
+        ConfigError, match=r"tools\.toml(:1:\d+)?: invalid TOML: nested more than 64"
+    ):
+        catalog_of(tmp_path, definitions)
+
+
 def test_a_failing_json_tool_is_an_observation(tmp_path, sandbox):
     failed = json_tool(tmp_path, "import sys; print('garbage'); sys.exit(3)").call(sandbox, {})
     assert failed.is_error and failed.content == "exit code: 3\nstdout:\ngarbage\n"

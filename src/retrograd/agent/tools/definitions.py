@@ -12,11 +12,11 @@ place: the file (or the inline table) and the tool or toolset.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
 
 TOOL_KEYS = {"id", "version", "name", "description", "input_schema", "builtin", "exec"}
@@ -75,11 +75,10 @@ class Definitions:
 def read_definitions(path: Path) -> Definitions:
     """One definition file; its exec.script paths are relative to it."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read the tool definitions: {error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    data = parse_toml(text, str(path))  # invalid or nested too deep: ConfigError with the place
     extra = sorted(set(data) - {"tool", "toolset"})
     if extra:
         raise ConfigError(

@@ -7,7 +7,8 @@ its result reads like any command (exit code, stdout, stderr); with `protocol = 
 is a reply `{"content": str, "is_error"?: bool, "reward"?: number, "done"?: bool}`, which is how
 a tool grades an action or ends the episode. A command that fails or times out is an
 observation in both protocols; a json tool that exits 0 without a well-formed reply is a broken
-tool: EnvironmentFailure, and the trajectory is dropped rather than trained on garbage.
+tool: EnvironmentFailure, and the trajectory is dropped rather than trained on garbage (a reply
+nested deeper than nesting.MAX_DEPTH too: it is read through nesting.loads).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from retrograd import nesting
 from retrograd.agent.tools.base import Tool, decode, render_exec
 from retrograd.agent.types import Observation, Sandbox, ToolSpec, finite
 from retrograd.errors import EnvironmentFailure
@@ -51,8 +53,8 @@ class ExecTool(Tool):
 
     def _reply(self, stdout: str) -> Observation:
         try:
-            reply = json.loads(stdout)
-        except json.JSONDecodeError as error:
+            reply = nesting.loads(stdout)
+        except json.JSONDecodeError as error:  # nested too deep (nesting.TooDeep) included
             raise self._broken(f"broke the json protocol: {error}") from None
         if not isinstance(reply, dict):
             raise self._broken("broke the json protocol: the reply must be a JSON object")
