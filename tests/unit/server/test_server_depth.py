@@ -48,6 +48,8 @@ def _valid_with_deep_params(deep: str) -> str:
 REFUSED = [
     ("POST", "/v1/runs", JSON, '{"config": ' + DEEP + "}", ""),
     ("POST", "/v1/runs?dry_run=true", JSON, _valid_with_deep_params(NINE_HUNDRED), ""),
+    ("POST", "/v1/runs", JSON, _valid_with_deep_params(NINE_HUNDRED), ""),
+    ("POST", "/v1/runs", JSON, '{"params": ' + DEEP + "}", ""),
     ("POST", "/v1/plan", JSON, '{"config": ' + DEEP + "}", ""),
     ("POST", "/v1/plan", JSON, _valid_with_deep_params(NINE_HUNDRED), ""),
     ("POST", "/v1/plan", JSON, '{"recipe": {"model": "m", "x": ' + NINE_HUNDRED + "}}", ""),
@@ -57,6 +59,7 @@ REFUSED = [
     ("POST", "/v1/datasets", JSON, DEEP, ""),
     ("POST", "/v1/datasets", JSON, "[" + CHAT + ", " + NINE_HUNDRED + "]", ""),
     ("POST", "/v1/datasets", JSONL, CHAT + "\n" + CHAT + "\n" + DEEP + "\n", "/line/3"),
+    ("POST", "/v1/datasets", JSONL, CHAT + "\n" + NINE_HUNDRED + "\n", "/line/2"),
     ("POST", "/v1/preflight", JSON, '{"model": ' + DEEP + "}", ""),
     ("POST", "/v1/preflight", JSON, '{"model": "m", "targets": ' + NINE_HUNDRED + "}", ""),
     ("POST", f"/v1/runs/{RUN}/generate", JSON, '{"prompt": ' + DEEP + "}", ""),
