@@ -1,8 +1,9 @@
 """Retrograd: fine-tune and reinforcement-train GGUF models as they are.
 
 Public API (docs/python.md): `load` opens a model, `load_tokenizer` a vocabulary alone,
-`list_backends` reports the devices and dtypes this process can train on, and the
-configuration classes (`RunConfig` and one class per table of a run file: `LoraSection`,
+`list_backends` reports the devices and dtypes this process can train on, `Trainer` trains
+through the same loops as `retrograd train` (`RolloutGroup`: a caller's own rollouts for its
+train_grpo_batch), and the configuration classes (`RunConfig` and one class per table of a run file: `LoraSection`,
 `GrpoSection`, ... as `retrograd.config` has them). Importing this package imports nothing
 heavy: a name is imported when it is first used (pydantic for the configuration, torch when a
 model loads or the backends are listed).
@@ -29,16 +30,20 @@ _apply_wait_policy()
 
 
 BACKENDS = ("list_backends", "Backend")
+API = ("Trainer", "RolloutGroup")
 EAGER = ("__version__", "load", "load_tokenizer")
 
 
 def __getattr__(name):
-    """The names imported when first used: list_backends and Backend, and the configuration
-    classes of retrograd.config (RunConfig, LoraSection, GrpoSection, ...)."""
+    """The names imported when first used: list_backends and Backend, the Trainer and
+    RolloutGroup, and the configuration classes of retrograd.config (RunConfig, LoraSection,
+    GrpoSection, ...)."""
     if name in BACKENDS:
         import retrograd.model.device as module
+    elif name in API:
+        import retrograd.api as module
     elif name == "__all__":
-        return [*EAGER, *BACKENDS, *_config_names()]
+        return [*EAGER, *BACKENDS, *API, *_config_names()]
     elif name[:1].isupper() and name in _config_names():
         import retrograd.config as module
     else:
@@ -49,7 +54,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*globals(), *BACKENDS, *_config_names()})
+    return sorted({*globals(), *BACKENDS, *API, *_config_names()})
 
 
 def _config_names() -> list[str]:

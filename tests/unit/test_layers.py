@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent", "openai_app"),  # scenarios, tools, environments; `retrograd serve`'s app
     ("algorithms",),  # the loops and what they share
     ("server",),  # the run server
-    ("cli",),  # the commands
+    ("cli", "api"),  # the commands; the Python API (Trainer)
     (ROOT,),  # the doors: load, load_tokenizer
 )
 

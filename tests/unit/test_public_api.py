@@ -45,11 +45,20 @@ def test_the_root_exports_every_configuration_class_and_nothing_else_lazily():
     assert retrograd.list_backends is list_backends and retrograd.Backend is Backend
     assert sorted(retrograd.__all__) == sorted(
         {"__version__", "load", "load_tokenizer", "list_backends", "Backend", *classes}
+        | {"Trainer", "RolloutGroup"}
     )
     assert set(dir(retrograd)) >= set(retrograd.__all__)
-    for missing in ("Trainer", "load_run", "Selection", "lowercase"):
+    for missing in ("load_run", "Selection", "lowercase"):
         with pytest.raises(AttributeError, match=f"no attribute '{missing}'"):
             getattr(retrograd, missing)
+
+
+def test_the_trainer_from_the_root_is_the_api_s_and_loads_no_torch():
+    code = (
+        "import sys, retrograd, retrograd.api as a; t = retrograd.Trainer;"
+        "print(t is a.Trainer, retrograd.RolloutGroup is a.RolloutGroup, 'torch' in sys.modules)"
+    )
+    assert _run(code) == "True True False"
 
 
 def test_star_import_resolves_every_public_name():

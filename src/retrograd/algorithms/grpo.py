@@ -166,6 +166,7 @@ def train_update(
     reference=None,
     kl: KlController | None = None,
     backend=None,
+    corrected: bool = False,
 ) -> tuple[frame.Position, dict[str, float]]:
     """Phases 4-6 of an update on rewarded `groups` (every member's reward set): advantages,
     [observe]'s records, reference scores when the KL coefficient is positive (`reference`:
@@ -174,7 +175,10 @@ def train_update(
     groups train the same way: answers without sampler log-probabilities take the first
     pass's (ratio 1), and no backend is told. -> (the position after the update, with
     `cursor` prompts drawn, the stall count and the KL controller; the update's values).
-    Without `reference` and `kl`, the run's: the adapters switched off, a fresh controller."""
+    Without `reference` and `kl`, the run's: the adapters switched off, a fresh controller.
+    `corrected`: the answers' sampler log-probabilities are another sampler's (a caller's
+    behaviour policy): each token's term is weighted by min(pi_old / pi_behaviour,
+    [training].rollout_is_cap), as for a rollout backend that is not the trainer."""
     g, t = run.cfg.grpo, run.cfg.training
     values = {} if values is None else values
     kl = kl if kl is not None else KlController.from_section(g)
@@ -196,7 +200,8 @@ def train_update(
         t1 = time.perf_counter()
         tokens = float(sum(r.n_tokens for r in trained))  # the loss is their token mean
         by_answer = g.importance_sampling_level == "sequence"
-        shape = policy.Pass(tokens, tokens, len(trained), by_answer=by_answer)
+        cap = t.rollout_is_cap if corrected else None
+        shape = policy.Pass(tokens, tokens, len(trained), by_answer=by_answer, is_cap=cap)
         surrogate = policy.Surrogate.of(g, kl_coef=coef)
         step, out = policy.train(
             run, backend, own, surrogate, shape, g.grpo_epochs, f"update {update}", step

@@ -59,7 +59,9 @@ class Pass:
     "token" (token_advantages) or "either" (token_advantages where an answer has them);
     masked: only token_mask's tokens train (agent); on_first: called with the answers a
     first pass just scored (their old log-probabilities set), before their loss (distill sets
-    its advantages there)."""
+    its advantages there); is_cap: C of the truncated importance weights for answers a
+    sampler other than the trainer drew (a caller's own rollouts with their behaviour
+    log-probabilities), where [training].rollout_backend alone would not correct."""
 
     normalizer: float
     tokens: float
@@ -68,6 +70,7 @@ class Pass:
     advantages: str = "answer"
     masked: bool = False
     on_first: Callable[[list[Rollout]], None] | None = None
+    is_cap: float | None = None
 
 
 def train(
@@ -105,7 +108,7 @@ def policy_pass(
     the whole update's); the terms summed over the ranks. The first pass keeps the old
     log-probabilities it computes (ratios exactly 1)."""
     training, decoder = run.cfg.training, run.model.decoder
-    cap = sampler_cap(training)
+    cap = shape.is_cap if shape.is_cap is not None else sampler_cap(training)
     terms = PolicyTerms(shape.tokens, shape.answers, shape.by_answer, first, cap)
     s = surrogate
     for piece in pieces(own, training.micro_batch, fanout(training)):

@@ -54,7 +54,14 @@ from retrograd.config.judge import (
     JudgeStrategy,
     RulerJudge,
 )
-from retrograd.config.load import RunConfig, build_run, load_run, parse_toml, validate_run
+from retrograd.config.load import (
+    RunConfig,
+    build_run,
+    check_sections,
+    load_run,
+    parse_toml,
+    validate_run,
+)
 from retrograd.config.schema import json_schema
 from retrograd.config.selectors import Selection, select_tensors
 from retrograd.config.tracking import (
@@ -124,6 +131,7 @@ __all__ = [
     *(cls.__name__ for cls in CLASSES),
     "Selection",
     "build_run",
+    "check_sections",
     "json_schema",
     "load_run",
     "parse_toml",

@@ -110,6 +110,36 @@ def build_run(
     return validate_run(doc, source=None, base_dir=base, supplied=supplied)
 
 
+def check_sections(
+    sections: Mapping[str, Any], *, base_dir: str | Path | None = None
+) -> dict[str, BaseModel]:
+    """Some of a run's sections on their own (section objects or dicts; None leaves one
+    out), each checked as build_run checks it but without the rules between sections, which
+    need the whole run: -> {name: section}, relative paths against `base_dir` (else the
+    current directory). ConfigError lists every problem, named as a run file names it."""
+    found = [line for name, value in sections.items() if (line := _misplaced(name, value))]
+    unknown = [name for name in sections if name not in SECTION_NAMES]
+    found += [
+        issue(name, None, "unknown section" + _section_hint(name)).render(None) for name in unknown
+    ]
+    if found:
+        raise ConfigError("\n".join(found))
+    context = {"base_dir": Path(base_dir) if base_dir is not None else Path.cwd()}
+    out: dict[str, BaseModel] = {}
+    issues: list[Issue] = []
+    for name, value in sections.items():
+        if value is None:
+            continue
+        data = section_document(value) if isinstance(value, BaseModel) else value
+        try:
+            out[name] = _adapter(name).validate_python(data, context=context)
+        except ValidationError as error:
+            issues += issues_from_pydantic(error.errors(), _adapter(name)._type, (name,))
+    if issues:
+        raise ConfigError("\n".join(item.render(None) for item in issues))
+    return out
+
+
 def _misplaced(name: str, value: Any) -> str | None:
     """`[grpo]: given a LoraSection; [grpo] is a GrpoSection`, for a section object passed
     under another section's name (an unknown name is reported as in a file)."""

@@ -1,0 +1,389 @@
+"""retrograd.Trainer on tiny models: each fit_* writes the adapter `retrograd train` writes from
+the equivalent run file, byte for byte (the seven run files of tests/invariants/
+test_loops_pinned.py); a Python reward function equal to a reward program trains the same
+adapter; errors name the argument as the run file names the key; a reward function that
+raises or returns NaN fails as a failing reward program does; train_grpo_batch makes the
+update a run makes; callbacks stop a fit; help(retrograd.Trainer) shows the docstrings."""
+
+from __future__ import annotations
+
+import json
+import math
+import pydoc
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import retrograd
+from retrograd.api import RolloutGroup, Trainer
+from retrograd.cli.main import main
+from retrograd.config import load_run
+from retrograd.config.document import ALGORITHM_SECTIONS
+from retrograd.config.write import section_document
+from retrograd.errors import ConfigError, DataError, RewardError
+from tests.invariants.test_loops_pinned import (
+    LOOPS,
+    PROMPTS,
+    WRITERS,
+    pinned_process,
+    write_models,
+)
+
+FITS = {
+    "sft": "fit_sft",
+    "distill_offline": "fit_distill",
+    "preference": "fit_preference",
+    "grpo": "fit_grpo",
+    "ppo": "fit_ppo",
+    "distill_on_policy": "fit_distill",
+    "agent_grpo": "fit_agentic_grpo",
+}
+ROLLOUTS = ("grpo", "ppo", "distill_on_policy", "agent_grpo")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    return write_models(tmp_path_factory.mktemp("api"))
+
+
+def plain(section) -> dict | None:
+    """A section as the dict a Python caller writes (its set keys, nested tables as dicts)."""
+    if section is None:
+        return None
+    return json.loads(json.dumps(section_document(section), default=str))
+
+
+def tensors(path) -> dict[str, np.ndarray]:
+    from gguf import GGUFReader
+
+    return {t.name: np.array(t.data, dtype=np.float32) for t in GGUFReader(path).tensors}
+
+
+def trainer_of(cfg, **kw) -> Trainer:
+    """The Trainer a Python caller writes for a run file's shared sections, given as dicts."""
+    return Trainer(
+        str(cfg.model.path),
+        device="cpu",
+        lora=plain(cfg.lora),
+        training=plain(cfg.training),
+        reference=plain(cfg.reference),
+        progress=False,
+        **kw,
+    )
+
+
+def fit_like(trainer: Trainer, cfg, name: str, tmp: Path, **kw) -> dict:
+    """The fit a Python caller writes for the run file's algorithm and run settings."""
+    section = getattr(cfg, ALGORITHM_SECTIONS[cfg.run.algorithm])
+    checkpoint = {**plain(cfg.checkpoint), "directory": str(tmp / "ck-python")}
+    settings = {"output": tmp / "python.gguf", "checkpoint": checkpoint, **kw}
+    if cfg.evaluation is not None:
+        settings["evaluation"] = plain(cfg.evaluation)
+    return getattr(trainer, FITS[name])(plain(section), **settings)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOOPS)
+def test_every_fit_writes_the_adapter_retrograd_train_writes(name, models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=name == "agent_grpo"):
+        run = WRITERS[name](tmp_path, models)
+        assert main(["train", str(run)]) == 0
+        cfg = load_run(run)
+        with trainer_of(cfg) as trainer:
+            summary = fit_like(trainer, cfg, name, tmp_path)
+    want = (tmp_path / "out" / "adapter.gguf").read_bytes()
+    assert summary["output"] == str(tmp_path / "python.gguf") and summary["global_step"] > 0
+    assert (tmp_path / "python.gguf").read_bytes() == want
+    assert any((tmp_path / "ck-python").iterdir())  # the fit's [checkpoint] was honoured
+
+
+# -- GRPO: Python rewards ---------------------------------------------------------------------
+
+
+def share_of_e(prompts, completions, **_):
+    """The reward program of the pinned GRPO run (the share of "e" in the answer), in Python."""
+    return [c.count("e") / max(1, len(c)) for c in completions]
+
+
+def grpo_file(tmp: Path, models) -> tuple[object, dict]:
+    run = WRITERS["grpo"](tmp, models)
+    cfg = load_run(run)
+    return cfg, plain(cfg.grpo)
+
+
+@pytest.mark.slow
+def test_a_python_reward_equal_to_the_program_trains_the_same_adapter(
+    models, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        cfg, grpo = grpo_file(tmp_path, models)
+        with trainer_of(cfg) as trainer:
+            by_program = fit_like(trainer, cfg, "grpo", tmp_path, output=tmp_path / "program.gguf")
+        del grpo["reward_command"]
+        updates = []
+        with trainer_of(cfg) as trainer:
+            by_function = trainer.fit_grpo(
+                grpo,
+                rewards=[share_of_e],
+                output=tmp_path / "function.gguf",
+                evaluation=plain(cfg.evaluation),
+                on_update=updates.append,
+            )
+    assert (tmp_path / "function.gguf").read_bytes() == (tmp_path / "program.gguf").read_bytes()
+    assert by_function["global_step"] == by_program["global_step"] == 6
+    assert by_function["best_eval"] == pytest.approx(by_program["best_eval"])
+    members = [r for g in updates[0].groups for r in g.members]
+    assert [r.reward_raw for r in members] == pytest.approx(
+        share_of_e(None, [r.text for r in members])
+    )
+
+
+def raising(prompts, completions, **_):
+    raise ZeroDivisionError("the reward's own bug")
+
+
+def nan_for_the_second(prompts, completions, **_):
+    return [math.nan if i == 1 else 0.5 for i in range(len(completions))]
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        (raising, r"reward function raising \(rewards\[0\]\): batch 0: raised ZeroDivisionError"),
+        (nan_for_the_second, r"reward function nan_for_the_second \(rewards\[0\]\): batch 0: "
+         r"value 1 is not finite \(nan\)"),
+    ],
+)  # fmt: skip
+def test_a_reward_function_that_raises_or_returns_nan_fails_as_a_reward_program_does(
+    function, message, models, tmp_path, monkeypatch
+):
+    """A RewardError naming the function and the batch, the run ended cleanly (no export),
+    and the Trainer still trains afterwards."""
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        cfg, grpo = grpo_file(tmp_path, models)
+        del grpo["reward_command"]
+        grpo.update(updates=1, grpo_epochs=1)
+        with trainer_of(cfg) as trainer:
+            with pytest.raises(RewardError, match=message) as caught:
+                trainer.fit_grpo(grpo, rewards=[function], output=tmp_path / "bad.gguf")
+            assert not (tmp_path / "bad.gguf").exists()
+            summary = trainer.fit_grpo(grpo, rewards=[share_of_e], output=tmp_path / "ok.gguf")
+    if function is raising:
+        assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    assert summary["global_step"] == 1 and (tmp_path / "ok.gguf").exists()
+
+
+# -- train_grpo_batch -------------------------------------------------------------------------
+
+
+def one_update(cfg, grpo: dict, tmp: Path, **kw):
+    """A one-update GRPO fit (no evaluation, no KL) -> (its groups, its adapter's bytes)."""
+    grpo = {**grpo, "updates": 1, "kl_coefficient": 0.0, **kw}
+    updates = []
+    with trainer_of(cfg) as trainer:
+        trainer.fit_grpo(grpo, output=tmp / "run.gguf", on_update=updates.append)
+    return updates[0].groups, (tmp / "run.gguf").read_bytes()
+
+
+def as_groups(groups, behaviour=None) -> list[RolloutGroup]:
+    return [
+        RolloutGroup(
+            g.prompt.ids,
+            [r.ids for r in g.members],
+            [r.reward_raw for r in g.members],
+            None if behaviour is None else [behaviour(r) for r in g.members],
+        )
+        for g in groups
+    ]
+
+
+@pytest.mark.slow
+def test_train_grpo_batch_makes_the_update_a_run_makes(models, tmp_path, monkeypatch):
+    """The groups a one-update run sampled, given back as ids and rewards, change a fresh
+    adapter exactly as that run's update did; the run's [grpo] loss keys apply."""
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        cfg, grpo = grpo_file(tmp_path, models)
+        groups, want = one_update(cfg, grpo, tmp_path)
+        loss = {k: grpo[k] for k in ("grpo_epochs", "clip_range_low", "clip_range_high")}
+        with trainer_of(cfg) as trainer:
+            values = trainer.train_grpo_batch(as_groups(groups), grpo=loss)
+            trainer.save_adapter(tmp_path / "batch.gguf")
+    assert (tmp_path / "batch.gguf").read_bytes() == want
+    assert values["optimizer/steps"] == 2 == grpo["grpo_epochs"]
+    rewards = [r.reward_raw for g in groups for r in g.members]
+    assert values["reward/mean"] == pytest.approx(np.mean(rewards))
+
+
+@pytest.mark.slow
+def test_train_grpo_batch_weighs_tokens_by_the_behaviour_policys_ratio(
+    models, tmp_path, monkeypatch
+):
+    """Behaviour log-probabilities equal to the policy's own (the run's first pass) give
+    every token the weight min(pi / mu, C) = 1: the adapter of the run; raised by log 2
+    (mu = 2 pi, capped at 1) they weigh each token by 1/2 or more, which the update reports
+    and its loss and adapter show."""
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        cfg, grpo = grpo_file(tmp_path, models)
+        groups, want = one_update(cfg, grpo, tmp_path, grpo_epochs=1)
+        loss = {"grpo_epochs": 1}
+        with trainer_of(cfg) as trainer:
+            unweighted = trainer.train_grpo_batch(as_groups(groups), grpo=loss)
+        with trainer_of(cfg) as trainer:
+            same = trainer.train_grpo_batch(as_groups(groups, lambda r: r.old_logprobs), grpo=loss)
+            trainer.save_adapter(tmp_path / "same.gguf")
+        with trainer_of(cfg) as trainer:
+            halved = as_groups(groups, lambda r: np.minimum(r.old_logprobs + math.log(2), 0.0))
+            half = trainer.train_grpo_batch(halved, grpo=loss)
+            trainer.save_adapter(tmp_path / "half.gguf")
+    assert same["policy/sampler_is_weight_mean"] == 1.0
+    assert (tmp_path / "same.gguf").read_bytes() == want
+    assert "policy/sampler_is_weight_mean" not in unweighted
+    assert 0.5 <= half["policy/sampler_is_weight_mean"] < 1.0
+    assert half["policy/sampler_is_truncated_fraction"] == 0.0
+    assert half["policy/surrogate_loss"] != unweighted["policy/surrogate_loss"]
+    assert (tmp_path / "half.gguf").read_bytes() != want
+
+
+def test_train_grpo_batch_names_the_place_of_bad_input(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with Trainer(models["student"], device="cpu", progress=False) as trainer:
+        with pytest.raises(
+            ConfigError, match=r"^groups\[0\]\.rewards\[1\] = nan: must be a finite"
+        ):
+            trainer.train_grpo_batch([([1, 2, 3], [[4, 5], [6]], [1.0, math.nan])])
+        with pytest.raises(ConfigError, match=r"^groups\[1\]: 2 completions and 1 rewards"):
+            trainer.train_grpo_batch([([1, 2], [[4], [5]], [0, 1]), ([1, 2], [[4], [5]], [0])])
+        with pytest.raises(ConfigError, match=r"^groups\[0\]\.completions\[0\]: -1 is not a token"):
+            trainer.train_grpo_batch([([1, 2], [[-1], [5]], [0, 1])])
+        with pytest.raises(
+            ConfigError, match=r"^groups\[0\]\.logprobs\[1\]: 1 log-probabilities for 2"
+        ):
+            trainer.train_grpo_batch([([1, 2], [[4], [5, 6]], [0, 1], [[-1.0], [-1.0]])])
+        with pytest.raises(ConfigError, match=r"^\[grpo\]\.clip_range_low = 2\.0: "):
+            trainer.train_grpo_batch([([1, 2], [[4], [5]], [0, 1])], grpo={"clip_range_low": 2.0})
+
+
+# -- errors, callbacks, configuration ---------------------------------------------------------
+
+
+def test_errors_name_the_argument_as_the_run_file_names_the_key(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        Trainer(models["student"], lora={"rank": 0}, training={"lr": -1.0, "ctx": 8.5})
+    lines = str(caught.value).splitlines()
+    assert "[lora].rank = 0: must be at least 1" in lines
+    assert any(line.startswith("[training].lr = -1.0: ") for line in lines)
+    assert any(line.startswith("[training].ctx = 8.5: ") for line in lines)
+    with pytest.raises(
+        ConfigError, match=r"^\[lora\]: given a TrainingSection; \[lora\] is a LoraSection"
+    ):
+        Trainer(models["student"], lora=retrograd.TrainingSection())
+    with Trainer(models["student"], device="cpu", progress=False) as trainer:
+        with pytest.raises(ConfigError, match=r"\[grpo\]\.group_size = 1: must be at least 2"):
+            trainer.fit_grpo({"group_size": 1}, rewards=[share_of_e])
+        with pytest.raises(ConfigError, match=r"^\[sft\]: required by fit_sft"):
+            trainer.fit_sft()
+        with pytest.raises(ConfigError, match=r"^\[training\]\.kv_dtype = 'f32': the Trainer's"):
+            trainer.fit_sft({"data": "data.txt"}, training={"kv_dtype": "f32"})
+        with pytest.raises(ConfigError, match=r"\[grpo\]\.reward_command: required"):
+            grpo = retrograd.GrpoSection(
+                prompts="p.jsonl", updates=1, prompts_per_update=1, group_size=2,
+                grpo_epochs=1, clip_range_low=0.2, clip_range_high=0.28, kl_coefficient=0.0,
+                sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0},
+            )  # fmt: skip
+            trainer.fit_grpo(grpo)  # no reward function, no program
+
+
+def sft_setup(tmp: Path, models) -> object:
+    run = WRITERS["sft"](tmp, models)
+    return load_run(run)
+
+
+@pytest.mark.slow
+def test_callbacks_see_the_steps_and_stop_the_fit(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    steps, evaluations = [], []
+    with pinned_process(forced=False):
+        cfg = sft_setup(tmp_path, models)
+        on_step = lambda e: steps.append(e) or e.global_step == 2  # noqa: E731
+        with trainer_of(cfg, on_evaluate=evaluations.append) as trainer:
+            summary = trainer.fit_sft(
+                plain(cfg.sft), evaluation=plain(cfg.evaluation), on_step=on_step
+            )
+            assert summary["stopped"] == "callback" and summary["global_step"] == 2
+            assert [e.global_step for e in steps] == [1, 2]
+            # a second fit trains on from the first one's adapter; on_evaluate stops it
+            first = trainer.logprobs("the cat", " sat on the mat").sum()
+            stop = lambda e: evaluations.append(e) or True  # noqa: E731
+            again = trainer.fit_sft(
+                plain(cfg.sft), evaluation=plain(cfg.evaluation), on_evaluate=stop
+            )
+            assert again["stopped"] == "callback" and again["iterations"] == 1
+            assert trainer.logprobs("the cat", " sat on the mat").sum() != first
+    assert evaluations and all(e.values["eval/loss"] > 0 for e in evaluations)
+
+
+def test_from_toml_and_to_toml_round_trip(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = WRITERS["grpo"](tmp_path, models)
+    trainer = Trainer.from_toml(run, progress=False)
+    assert trainer.config == load_run(run)
+    trainer.config.to_toml(tmp_path / "again.toml")
+    assert Trainer.from_toml(tmp_path / "again.toml").config == trainer.config
+    # a Trainer built in Python has the config of its last fit, a run file retrograd reads
+    with Trainer(models["student"], device="cpu", lora={"rank": 2}, progress=False) as python:
+        assert python.config is None
+        with pytest.raises(DataError):  # the fit fails on its data, after its config is made
+            python.fit_sft({"data": "missing.txt"}, output="out/x.gguf")
+        text = python.config.to_toml()
+        assert load_run_text(tmp_path, text) == python.config
+        assert python.config.lora.rank == 2 and python.config.model.device == "cpu"
+
+
+def load_run_text(tmp: Path, text: str):
+    (tmp / "written.toml").write_text(text)
+    return load_run(tmp / "written.toml")
+
+
+def test_help_shows_every_methods_docstring():
+    text = pydoc.render_doc(retrograd.Trainer, renderer=pydoc.plaintext)
+    methods = (
+        "fit", "fit_sft", "fit_grpo", "fit_ppo", "fit_preference", "fit_distill",
+        "fit_agentic_grpo", "train_grpo_batch", "save_adapter", "save", "generate",
+        "logprobs", "close", "from_toml",
+    )  # fmt: skip
+    for name in methods:
+        doc = pydoc.getdoc(getattr(retrograd.Trainer, name))
+        assert doc and doc.splitlines()[0] in text, name
+    assert "Train a GGUF model from Python" in text
+    assert retrograd.list_backends()[0].name == "cpu"
+    assert "Trainer" in retrograd.__all__ and "RolloutGroup" in dir(retrograd)
+
+
+def test_generate_and_logprobs_read_the_trained_adapter(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with Trainer(models["student"], device="cpu", progress=False) as trainer:
+        ids = trainer.model.tokenize("the cat", add_bos=True)
+        text = trainer.generate(PROMPTS[0], max_new_tokens=4)
+        again = trainer.generate(PROMPTS[0], max_new_tokens=4)
+        assert text == again and isinstance(text, str)
+        lps = trainer.logprobs(ids, [5, 6, 7])
+        assert lps.shape == (3,) and bool((lps <= 0).all())
+        np.testing.assert_allclose(
+            lps.numpy(), trainer.model.logprobs([*ids, 5, 6, 7])[-3:].numpy()
+        )
+        path = trainer.save_adapter(tmp_path / "initial.gguf")
+        assert path.exists() and not list(tmp_path.glob("*.tmp*"))
+    with pytest.raises(Exception, match="closed"):
+        trainer.generate("x")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
