@@ -100,6 +100,21 @@ def test_every_fit_writes_the_adapter_retrograd_train_writes(name, models, tmp_p
     assert any((tmp_path / "ck-python").iterdir())  # the fit's [checkpoint] was honoured
 
 
+@pytest.mark.slow
+def test_a_trainer_from_the_run_file_fits_as_retrograd_train_does(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        run = WRITERS["sft"](tmp_path, models)
+        assert main(["train", str(run)]) == 0
+        want = (tmp_path / "out" / "adapter.gguf").read_bytes()
+        (tmp_path / "out" / "adapter.gguf").unlink()
+        with Trainer.from_toml(run, progress=False) as trainer:
+            summary = trainer.fit()
+            assert trainer.config == load_run(run)
+    assert summary["output"] == str(tmp_path / "out" / "adapter.gguf")
+    assert (tmp_path / "out" / "adapter.gguf").read_bytes() == want
+
+
 # -- GRPO: Python rewards ---------------------------------------------------------------------
 
 
@@ -176,6 +191,74 @@ def test_a_reward_function_that_raises_or_returns_nan_fails_as_a_reward_program_
     if function is raising:
         assert isinstance(caught.value.__cause__, ZeroDivisionError)
     assert summary["global_step"] == 1 and (tmp_path / "ok.gguf").exists()
+
+
+# -- agentic GRPO: a Python environment and verify function ----------------------------------
+
+
+def counting(seed: int, turn: int) -> str:
+    """Forced turns: some seeds add 3 (the target), the others 1 (`solves`); then the answer
+    ends."""
+    from tests.factories.agents import call
+
+    return call("add", n=3 if solves(seed) else 1) if turn == 0 else "done"
+
+
+def solves(seed: int) -> bool:
+    """Which trajectories reach the target: a rule that splits each group of this run."""
+    return seed % 4 < 2
+
+
+@pytest.mark.slow
+def test_an_agentic_fit_takes_a_python_environment_and_verify_function(
+    models, tmp_path, monkeypatch
+):
+    """No [agent.environment]: the CounterEnvironment class acts, the verify function grades
+    each finished episode from its calls, and its verdict is the trajectory's reward."""
+    import retrograd.sampling.backend as sampling_backend
+    from tests.factories.agents import CounterEnvironment, Scripted
+
+    monkeypatch.chdir(tmp_path)
+    scenarios = [
+        {"id": f"count-{i}", "user": "reach 3", "metadata": {"target": 3}} for i in range(2)
+    ]
+    (tmp_path / "scenarios.jsonl").write_text("".join(json.dumps(x) + "\n" for x in scenarios))
+    graded: list[tuple[str, int]] = []
+
+    def verify(request):
+        total = sum(c.arguments["n"] for c in request.calls if c.name == "add")
+        graded.append((request.scenario["id"], total))
+        return total == 3
+
+    agent = {
+        "scenarios": "scenarios.jsonl",
+        "updates": 1,
+        "scenarios_per_update": 2,
+        "group_size": 2,
+        "epochs_per_update": 1,
+        "kl_coefficient": 0.0,
+        "max_turns": 2,
+        "max_new_tokens_per_turn": 64,
+    }
+    updates = []
+    environment = CounterEnvironment()
+    training = {"lr": 1e-2, "ctx": 1024, "micro_batch": 1024}
+    with pinned_process(forced=False):
+        scripted = lambda decoder, tokenizer, **_: Scripted(decoder, tokenizer, counting)  # noqa: E731
+        monkeypatch.setattr(sampling_backend, "Sampler", scripted)
+        with Trainer(models["student"], device="cpu", training=training, progress=False) as t:
+            summary = t.fit_agentic_grpo(
+                agent, environment=environment, verify=verify, on_update=updates.append
+            )
+    assert summary["global_step"] == 1 and summary["stopped"] is None
+    assert (
+        environment.opened == 4
+        and sorted(i for i, _ in graded) == ["count-0"] * 2 + ["count-1"] * 2
+    )
+    members = [r for g in updates[0].groups for r in g.members]
+    assert len(members) == 4
+    assert [r.reward_raw for r in members] == [float(solves(r.seed)) for r in members]
+    assert {total for _, total in graded} <= {1, 3}
 
 
 # -- train_grpo_batch -------------------------------------------------------------------------
