@@ -155,18 +155,27 @@ EVAL_NAMES = {
 
 
 def score_pairs(
-    decoder, pairs, members: list[int], cfg, ref: Scores | None, loss_fn, *, train: bool
+    decoder,
+    pairs,
+    members: list[int],
+    cfg,
+    ref: Scores | None,
+    loss_fn,
+    *,
+    train: bool,
+    sharded: bool = False,
 ) -> PairStats:
     """Each pass's loss over len(members) pairs, backward when training: the passes'
     gradients sum to the gradient of the mean loss over `members`. Under torchrun each rank
     runs its share of the passes; the statistics of all of them come back on every rank.
-    Under fsdp2 every rank runs every pass (each gathers the sharded blocks, a collective every
-    rank joins) and back-propagates the others' with a zero loss."""
+    Under fsdp2 (`sharded`: the run's Replicas.sharded) every rank runs every pass (each
+    gathers the sharded blocks, a collective every rank joins) and back-propagates the others'
+    with a zero loss."""
     t = cfg.training
     parts: dict[str, list[np.ndarray]] = {}
     order: list[int] = []
     for piece, own in _passes(
-        decoder, pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout)
+        sharded, pieces_of(pairs, members, t.micro_batch, t.shared_prefix_fanout)
     ):
         chosen, rejected = score(decoder, pairs, piece, t)
         out = loss_fn(_scored(pairs, piece, chosen, rejected, ref), len(members))
@@ -175,7 +184,7 @@ def score_pairs(
         order += piece.pairs
         for k, v in _columns(out).items():
             parts.setdefault(k, []).append(v)
-    if distributed.world().active and not decoder.sharded:  # every rank's pieces, rank order
+    if distributed.world().active and not sharded:  # every rank's pieces, rank order
         shares = distributed.gather_objects((order, parts))
         order = [i for o, _ in shares for i in o]
         parts = {k: [v for _, p in shares for v in p.get(k, [])] for k in shares[0][1]}
@@ -184,12 +193,12 @@ def score_pairs(
     return PairStats(sorted(members), columns)
 
 
-def _passes(decoder, pieces: list[Piece]) -> list[tuple[Piece, bool]]:
+def _passes(sharded: bool, pieces: list[Piece]) -> list[tuple[Piece, bool]]:
     """The pieces this rank runs, each with whether it is its own: its block of them (all of
-    them in one process), or under fsdp2 (blocks sharded) every piece in order, the ranks'
-    forwards and backwards in step."""
+    them in one process), or under fsdp2 (`sharded`: the scoring decoder's blocks sharded)
+    every piece in order, the ranks' forwards and backwards in step."""
     mine = set(distributed.share(len(pieces)))
-    return [(p, k in mine) for k, p in enumerate(pieces) if decoder.sharded or k in mine]
+    return [(p, k in mine) for k, p in enumerate(pieces) if sharded or k in mine]
 
 
 def _scored(pairs, piece: Piece, chosen, rejected, ref: Scores | None) -> Scored:
@@ -235,24 +244,28 @@ def _reference_context(cfg, model, adapters):
 
 
 @torch.no_grad()
-def reference_scores(cfg, model, adapters, sets: dict[str, list[TokenPair]]) -> dict[str, Scores]:
-    """Each set's reference scores, by the passes training uses."""
+def reference_scores(
+    cfg, model, adapters, sets: dict[str, list[TokenPair]], sharded: bool = False
+) -> dict[str, Scores]:
+    """Each set's reference scores, by the passes training uses; `sharded`: the policy's
+    blocks are (the run's Replicas.sharded)."""
     reference = _reference_context(cfg, model, adapters)
     out = {}
     with reference() as decoder:
-        scorer = decoder or model.decoder  # a [reference].model is whole on every rank
+        scorer = decoder or model.decoder
+        sharded = sharded and decoder is None  # a [reference].model is whole on every rank
         for name, pairs in sets.items():
             scores = Scores.unset(len(pairs))
             members = list(range(len(pairs)))
             fanout = cfg.training.shared_prefix_fanout
             found = []
             pieces = pieces_of(pairs, members, cfg.training.micro_batch, fanout)
-            for piece, _own in _passes(scorer, pieces):
+            for piece, _own in _passes(sharded, pieces):
                 chosen, rejected = score(scorer, pairs, piece, cfg.training)
                 found.append(
                     (piece.pairs, chosen.float().cpu().numpy(), rejected.float().cpu().numpy())
                 )
-            shares = [found] if scorer.sharded else distributed.gather_objects(found)
+            shares = [found] if sharded else distributed.gather_objects(found)
             for idx, chosen, rejected in (f for s in shares for f in s):
                 scores.chosen[list(idx)], scores.rejected[list(idx)] = chosen, rejected
             out[name] = scores

@@ -138,7 +138,8 @@ def run_preference(cfg, door=None, *, resume=None, sinks=None, run_file=None) ->
     run = frame.open_run(cfg, model, door, inputs, shape)
     # 2. reference scores: once per pair, before the first step (a checkpoint keeps them)
     ref, first = _scores(run, train, held)
-    run = frame.evaluate_with(run, _evaluation(model, held, ref, loss_fn))
+    sharded = run.replicas.sharded
+    run = frame.evaluate_with(run, _evaluation(model, held, ref, loss_fn, sharded))
     artifacts = {FIRST: lambda: pairs.encode_scores(FIRST, [first])}
     if ref is not None:
         artifacts[REFERENCE] = lambda: pairs.encode_scores(REFERENCE, [ref["train"], ref["eval"]])
@@ -150,7 +151,14 @@ def run_preference(cfg, door=None, *, resume=None, sinks=None, run_file=None) ->
             # 3. the step's pairs: each rank its passes, the ranks' gradients summed
             members = [int(j) for j in order[start:end]]
             stats = pairs.score_pairs(
-                model.decoder, train, members, run.cfg, train_ref, loss_fn, train=True
+                model.decoder,
+                train,
+                members,
+                run.cfg,
+                train_ref,
+                loss_fn,
+                train=True,
+                sharded=sharded,
             )
             run.replicas.sum_step(run.tr.params)
             where = f"step {before + 1} ({train[members[0]].key}, {len(members)} pairs)"
@@ -201,7 +209,7 @@ def _scores(run: frame.Run, train, held) -> tuple[dict[str, Scores] | None, Scor
     t0, n, sinks = time.perf_counter(), len(train) + len(held or []), run.door.sinks
     sinks.note(f"reference scores of {n} pairs (once, before the first step) ...")
     sets = {"train": train, "eval": held or []}
-    ref = pairs.reference_scores(cfg, run.model, run.tr.adapters, sets)
+    ref = pairs.reference_scores(cfg, run.model, run.tr.adapters, sets, run.replicas.sharded)
     sinks.note(f"reference scores of {n} pairs in {time.perf_counter() - t0:.1f} s")
     if (p.reference or "initial") == "initial" and cfg.reference is None:
         first = Scores(ref["train"].chosen.copy(), ref["train"].rejected.copy())
@@ -277,15 +285,17 @@ def drop_warning(limit: float, first: Scores, members: list[int], stats: PairSta
 # -- evaluation ----------------------------------------------------------------------------
 
 
-def _evaluation(model, held, ref, loss_fn) -> Evaluation:
-    """The held-out pairs' loss and statistics (patience reads eval/preference_loss); a client's
-    evaluate: their loss and reward accuracy."""
+def _evaluation(model, held, ref, loss_fn, sharded: bool) -> Evaluation:
+    """The held-out pairs' loss and statistics (patience reads eval/preference_loss; `sharded`:
+    the run's Replicas.sharded); a client's evaluate: their loss and reward accuracy."""
     refs = ref["eval"] if ref else None
 
     @torch.no_grad()
     def stats(cfg) -> PairStats:
         members = list(range(len(held)))
-        return pairs.score_pairs(model.decoder, held, members, cfg, refs, loss_fn, train=False)
+        return pairs.score_pairs(
+            model.decoder, held, members, cfg, refs, loss_fn, train=False, sharded=sharded
+        )
 
     def measure(cfg) -> dict:
         values = stats(cfg).values(eval_names=True)

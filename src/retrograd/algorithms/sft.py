@@ -122,9 +122,8 @@ def fit(cfg, model, corpus: Corpus, door: Door) -> frame.Result:
     shape = frame.Shape(
         total_steps(train, t, corpus.epochs), corpus.epochs, "step", names.TRAIN_LOSS
     )
-    run = frame.open_run(
-        cfg, model, door, inputs, shape, evaluation=_evaluation(cfg, model, corpus)
-    )
+    run = frame.open_run(cfg, model, door, inputs, shape)
+    run = frame.evaluate_with(run, _evaluation(cfg, model, corpus, run.replicas.sharded))
     opts = LossOptions(t.chunked_cross_entropy, t.chunked_ce_tiles, t.chunked_ce_seq_chunk)
     pos = run.position
     with run.closing:
@@ -132,8 +131,8 @@ def fit(cfg, model, corpus: Corpus, door: Door) -> frame.Result:
             began, before = time.perf_counter(), pos.global_step
             # 2. this rank's passes of the group; the ranks' gradients and losses summed
             mine = set(distributed.share(len(s.group.passes)))
-            pass_loss = corpus.pass_loss(s.example_id)
-            loss = backward_group(model.decoder, s.example, s.group, s.cache, opts, pass_loss, mine)
+            passes = (corpus.pass_loss(s.example_id), mine, run.replicas.sharded)
+            loss = backward_group(model.decoder, s.example, s.group, s.cache, opts, *passes)
             (loss,) = run.replicas.sum_step(run.tr.params, loss)
             where = f"step {pos.global_step + 1} ({s.example.where})"
             rate, _ = frame.optimizer_step(run, pos.global_step, loss, where)
@@ -227,13 +226,14 @@ def _advance(pos: frame.Position, s: Step) -> frame.Position:
 # -- evaluation -------------------------------------------------------------------------------
 
 
-def _evaluation(cfg, model, corpus: Corpus) -> Evaluation:
-    """The held-out loss (patience reads eval/loss); what a client's evaluate measures: the
-    held-out data, or for offline distillation (no [evaluation]) its corpus's first examples."""
+def _evaluation(cfg, model, corpus: Corpus, sharded: bool) -> Evaluation:
+    """The held-out loss (patience reads eval/loss; `sharded`: the run's Replicas.sharded);
+    what a client's evaluate measures: the held-out data, or for offline distillation (no
+    [evaluation]) its corpus's first examples."""
     offline = cfg.run.algorithm == "distill"
     probe, limit = (corpus.train, PROBE_EXAMPLES) if offline else (corpus.held, None)
     held = corpus.held
-    scheduled = (lambda c: _held_loss(c, model, held)) if held is not None else None
+    scheduled = (lambda c: _held_loss(c, model, held, sharded)) if held is not None else None
     return Evaluation(
         scheduled, names.EVAL_LOSS, measure=lambda c: _measure(c, model, probe, limit)
     )
@@ -249,10 +249,9 @@ def _measure(cfg, model, data: SFTDataset | None, limit: int | None = None) -> d
     return {"examples": examples, "loss": loss, "perplexity": perplexity(loss)}
 
 
-def _held_loss(cfg, model, held: SFTDataset) -> dict[str, float]:
+def _held_loss(cfg, model, held: SFTDataset, sharded: bool) -> dict[str, float]:
     """eval/loss and eval/perplexity of the held-out set: each rank its block of it, summed;
-    under fsdp2 every rank all of it (the passes are collectives)."""
-    sharded = model.decoder.sharded
+    `sharded` (fsdp2) every rank all of it (the passes are collectives)."""
     mine = range(len(held.examples)) if sharded else distributed.share(len(held.examples))
     part = dataclasses.replace(held, examples=tuple(held.examples[k] for k in mine))
     loss, count = _loss(cfg, model, part)

@@ -122,16 +122,18 @@ def backward_group(
     opts: LossOptions,
     pass_loss: PassLoss | None = None,
     mine: Collection[int] | None = None,
+    sharded: bool = False,
 ) -> float:
     """Forward and backward over the group's passes; returns the group's mean loss per trained
     token (NLL, or `pass_loss`'s). Passes without a trained token only fill the cache (no
     gradient). With `mine` (a rank's share of the passes' indices, distributed.share) the
     other passes only fill the cache too, and the return is this rank's part of the mean: the
-    ranks' parts and gradients add up to the whole group's."""
+    ranks' parts and gradients add up to the whole group's. `sharded` (the run's
+    Replicas.sharded: fsdp2) runs the other passes' backward too, with a zero loss."""
     total = 0.0
     for k, (s, e) in enumerate(group.passes):
         theirs = mine is not None and k not in mine
-        if _n_scored(example, s, e) == 0 or (theirs and not decoder.sharded):
+        if _n_scored(example, s, e) == 0 or (theirs and not sharded):
             with torch.no_grad():
                 decoder(_ids(decoder, example, s, e), start=s, cache=cache)
             continue
