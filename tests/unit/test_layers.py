@@ -1,10 +1,11 @@
 """The package's layers, read from its imports: no import runs up a layer, no files import each
 other in a circle (DESIGN.md, "Layers").
 
-Every `import retrograd.X` and `from retrograd.X import ...` in src/ counts, at module level or
-inside a function; one under `if TYPE_CHECKING:` does not (read by attribute only, it loads
-nothing). An import goes to its own package or a lower row; two packages of one row do not
-import each other; nothing inside the package imports the package root (the doors' facade).
+Every `import retrograd.X` and `from retrograd.X import ...` in src/ counts, at module level,
+inside a function or under `if TYPE_CHECKING:` (it loads nothing, but the file then knows the
+type of a layer above it, and the import graph `farm-studio look` draws counts it too). An
+import goes to its own package or a lower row; two packages of one row do not import each
+other; nothing inside the package imports the package root (the doors' facade).
 
 Run as a script to print every import that crosses a layer, and every circle:
     .venv/bin/python -m tests.unit.test_layers
@@ -56,27 +57,10 @@ def files() -> dict[str, Path]:
     return {module_of(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-    )
-
-
 def _walk(node: ast.AST):
-    """Every import node under `node`, leaving out `if TYPE_CHECKING:` bodies."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _type_checking(child):
-            for other in child.orelse:
-                yield from _walk_one(other)
-            continue
-        yield from _walk_one(child)
-
-
-def _walk_one(node: ast.AST):
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        yield node
-    yield from _walk(node)
+    """Every import node under `node`, in functions and under `if TYPE_CHECKING:` too (a
+    type named from a higher layer is still that layer's knowledge)."""
+    return (n for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom))
 
 
 def imports(path: Path, known: dict[str, Path]) -> set[str]:
@@ -234,8 +218,8 @@ def test_the_architecture_page_draws_these_layers():
 
 
 def test_the_tarjan_pass_finds_a_circle_and_the_scan_sees_function_imports(tmp_path):
-    """The checks can fail: a made-up circle is found; a function-level import counts and one
-    under TYPE_CHECKING does not."""
+    """The checks can fail: a made-up circle is found; a function-level import counts, and
+    one under TYPE_CHECKING."""
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     f = tmp_path / "m.py"
@@ -245,7 +229,7 @@ def test_the_tarjan_pass_finds_a_circle_and_the_scan_sees_function_imports(tmp_p
         "def g():\n    from retrograd.model import decoder\n    import retrograd\n"
     )
     known = {"retrograd.model.decoder": f, "retrograd.cli": f}
-    assert imports(f, known) == {"retrograd.model.decoder", "retrograd"}
+    assert imports(f, known) == {"retrograd.cli", "retrograd.model.decoder", "retrograd"}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,12 +28,10 @@ from retrograd.compiled import fused
 from retrograd.model.attention import attention, capped_attention
 from retrograd.model.config import ModelConfig
 from retrograd.model.families import FFNS, MIXERS
+from retrograd.model.forward import ForwardContext, Mode
 from retrograd.model.frozen import frozen_linear_group
 from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
 from retrograd.model.rope import apply_rope
-
-if TYPE_CHECKING:
-    from retrograd.model.decoder import ForwardContext
 
 # The parts the built-in attention and dense FFN read as attributes (None when absent).
 STANDARD_PARTS = (
@@ -87,17 +85,6 @@ class Shape:
             cfg.attn_softcap,
             cfg.residual_scale,
         )
-
-
-class Mode(NamedTuple):
-    """How this call computes: dtype, the compute dtype; fuse, the fused 16-bit kernels
-    (False: float32's plain operations); inline, inside a graph compiled whole (the fused
-    kernels' bodies run there); f16_gelu, llama.cpp's f16 GELU table (float32 only)."""
-
-    dtype: torch.dtype
-    fuse: bool
-    inline: bool = False
-    f16_gelu: bool = False
 
 
 class Layer(NamedTuple):

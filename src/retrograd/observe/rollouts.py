@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
@@ -32,9 +32,10 @@ from retrograd.gguf.writer import atomic_copy
 from retrograd.observe.feed import Feed, read_records
 from retrograd.text import json_dumps
 
-if TYPE_CHECKING:  # read by attribute only: no numpy for whoever imports the writer
-    from retrograd.data.prompts import Prompt
-    from retrograd.rollout.records import Group, Rollout
+# The writer reads the records above it by attribute (a prompt: data.prompts.Prompt; groups
+# and their members: rollout.records.Group and Rollout) and imports neither: observe sits
+# below both layers (docs/architecture.md), and whoever imports the writer needs no numpy.
+Prompt = Group = Rollout = Any
 
 VERSION = 1
 LOG = "observe.jsonl"
