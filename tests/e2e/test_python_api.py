@@ -353,6 +353,20 @@ def test_train_grpo_batch_names_the_place_of_bad_input(models, tmp_path, monkeyp
             trainer.train_grpo_batch([([1, 2], [[4], [5]], [0, 1])], grpo={"clip_range_low": 2.0})
 
 
+def test_the_python_pages_own_rollouts_example_runs(models, tmp_path, monkeypatch):
+    """docs/python.md's train_grpo_batch block, on a tiny model: one update of one group."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text("utf-8")
+    section = page.split("\n### Your own rollouts: train_grpo_batch\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    with Trainer(models["student"], device="cpu", progress=False) as trainer:
+        namespace = {"trainer": trainer}
+        exec(compile(code, "docs/python.md", "exec"), namespace)
+        values = namespace["values"]
+    assert values["reward/mean"] == 0.5 and values["optimizer/steps"] == 1
+    assert math.isfinite(values["train/loss"])
+
+
 # -- errors, callbacks, configuration ---------------------------------------------------------
 
 
