@@ -452,12 +452,17 @@ class Trainer:
         defaults = self._hooks
         hooks = Hooks(on_step or defaults[0], on_update or defaults[1], on_evaluate or defaults[2])
         weights = tuple(reward_weights) if reward_weights is not None else None
+        sinks = self._sinks()
         door = Door(
-            self._sinks(), hooks=hooks, resume=resume, run_file=self._run_file,
-            model=self.model, trained=self._plan(cfg), rewards=rewards, reward_weights=weights,
+            sinks, hooks=hooks, resume=resume, run_file=self._run_file, model=self.model,
+            trained=self._plan(cfg), rewards=rewards, reward_weights=weights,
             environment=environment, verify=verify,
         )  # fmt: skip
-        return table.run(cfg, door).summary()
+        try:
+            return table.run(cfg, door).summary()
+        except BaseException as error:  # the metric sinks record the failure, as the CLI's do
+            sinks.fail(f"{type(error).__name__}: {error}")
+            raise
 
     def _run_sections(
         self, algorithm: str, section: Any, training: Any, run: dict[str, Any]
@@ -535,7 +540,7 @@ class Trainer:
         baseline, a group whose rewards are all equal does not train, each of the grpo_epochs
         passes is one optimizer step, the learning rate schedule counts [grpo].updates x
         grpo_epochs steps. Successive calls share one optimizer and step count until a fit
-        or `close`; the callbacks' on_step and on_update see each batch. Bad input raises
+        or `close`; the Trainer's on_step and on_update see each batch. Bad input raises
         ConfigError naming the place (`groups[1].rewards[2] = nan: must be a finite
         number`)."""
         from retrograd.algorithms.door import Door, Hooks
