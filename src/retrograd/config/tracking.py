@@ -1,7 +1,7 @@
 """Sections that watch a run rather than shape it: [evaluation], [checkpoint], [metrics], [observe].
 
 Which algorithm may use which of them, and the checkpoint modes that need [evaluation], are
-cross-section rules (`rules_run.py`).
+cross-section rules (`rules_train.py`).
 """
 
 from __future__ import annotations

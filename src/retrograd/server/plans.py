@@ -23,7 +23,7 @@ The memory estimate reads the GGUF header only (no weights):
 - `reference` / `teacher`: the other model a run loads, as stored.
 On a GPU every post counts against `vram_budget` and the memory-mapped file against
 `ram_budget`; on the CPU everything counts against `ram_budget`. It is an estimate: a
-calibrated plan (`?calibrate=true`) measures one step instead (calibrate.py).
+calibrated plan (`?calibrate=true`) measures one step instead (probe.py).
 """
 
 from __future__ import annotations
