@@ -209,27 +209,17 @@ def solves(seed: int) -> bool:
     return seed % 4 < 2
 
 
-@pytest.mark.slow
-def test_an_agentic_fit_takes_a_python_environment_and_verify_function(
-    models, tmp_path, monkeypatch
-):
-    """No [agent.environment]: the CounterEnvironment class acts, the verify function grades
-    each finished episode from its calls, and its verdict is the trajectory's reward."""
+def agentic_fit(models, tmp: Path, monkeypatch, verify):
+    """One update of agentic GRPO on the tiny model, 2 scenarios x 2 forced trajectories, in
+    the CounterEnvironment class with `verify` -> (summary, the update's event, the env)."""
     import retrograd.sampling.backend as sampling_backend
     from tests.factories.agents import CounterEnvironment, Scripted
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp)
     scenarios = [
         {"id": f"count-{i}", "user": "reach 3", "metadata": {"target": 3}} for i in range(2)
     ]
-    (tmp_path / "scenarios.jsonl").write_text("".join(json.dumps(x) + "\n" for x in scenarios))
-    graded: list[tuple[str, int]] = []
-
-    def verify(request):
-        total = sum(c.arguments["n"] for c in request.calls if c.name == "add")
-        graded.append((request.scenario["id"], total))
-        return total == 3
-
+    (tmp / "scenarios.jsonl").write_text("".join(json.dumps(x) + "\n" for x in scenarios))
     agent = {
         "scenarios": "scenarios.jsonl",
         "updates": 1,
@@ -250,15 +240,55 @@ def test_an_agentic_fit_takes_a_python_environment_and_verify_function(
             summary = t.fit_agentic_grpo(
                 agent, environment=environment, verify=verify, on_update=updates.append
             )
+    return summary, updates[0], environment
+
+
+def total_added(request) -> int:
+    return sum(c.arguments["n"] for c in request.calls if c.name == "add")
+
+
+@pytest.mark.slow
+def test_an_agentic_fit_takes_a_python_environment_and_verify_function(
+    models, tmp_path, monkeypatch
+):
+    """No [agent.environment]: the CounterEnvironment class acts, the verify function grades
+    each finished episode from its calls, and its verdict is the trajectory's reward."""
+    graded: list[tuple[str, int]] = []
+
+    def verify(request):
+        graded.append((request.scenario["id"], total_added(request)))
+        return total_added(request) == 3
+
+    summary, update, environment = agentic_fit(models, tmp_path, monkeypatch, verify)
     assert summary["global_step"] == 1 and summary["stopped"] is None
-    assert (
-        environment.opened == 4
-        and sorted(i for i, _ in graded) == ["count-0"] * 2 + ["count-1"] * 2
-    )
-    members = [r for g in updates[0].groups for r in g.members]
+    assert environment.opened == 4
+    assert sorted(i for i, _ in graded) == ["count-0"] * 2 + ["count-1"] * 2
+    members = [r for g in update.groups for r in g.members]
     assert len(members) == 4
     assert [r.reward_raw for r in members] == [float(solves(r.seed)) for r in members]
-    assert {total for _, total in graded} <= {1, 3}
+    assert {total for _, total in graded} == {1, 3}
+
+
+@pytest.mark.slow
+def test_a_verify_function_that_raises_fails_its_trajectory_not_the_fit(
+    models, tmp_path, monkeypatch
+):
+    """As a failing environment does: the trajectory is dropped, named, and the fit goes on."""
+
+    def verify(request):
+        if request.scenario["id"] == "count-1" and total_added(request) != 3:
+            raise ZeroDivisionError("the checker's own bug")
+        return total_added(request) == 3
+
+    summary, update, _ = agentic_fit(models, tmp_path, monkeypatch, verify)
+    assert summary["stopped"] is None and summary["iterations"] == 1
+    assert summary["global_step"] == 1  # the other scenario's group trained
+    members = [r for g in update.groups for r in g.members]
+    failures = [r.extra["sample"].traj.failure for r in members]
+    assert [f for f in failures if f] == [
+        "scenario count-1: verify function verify raised ZeroDivisionError: the checker's own bug"
+    ]
+    assert update.values["agent/failed_fraction"] == 0.25
 
 
 # -- train_grpo_batch -------------------------------------------------------------------------
