@@ -21,7 +21,7 @@ from retrograd.server.config import CATALOGUES, ServerConfig
 from retrograd.server.datasets import Datasets
 from retrograd.server.documents import DERIVED
 from retrograd.server.events import QUEUE, Hub
-from retrograd.server.guard import Guard, install_handlers
+from retrograd.server.guard import Guard, TextJSON, install_handlers
 from retrograd.server.links import Links
 from retrograd.server.model_files import ModelFiles
 from retrograd.server.openai_routes import CHAT, Serving, model_routes
@@ -70,6 +70,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        default_response_class=TextJSON,
     )
     app.state.config, app.state.store, app.state.runs, app.state.hub = config, store, runs, hub
     app.state.links = Links()

@@ -40,14 +40,24 @@ from retrograd.server.problems import (
     too_deep,
     unknown_field,
 )
-from retrograd.text import not_text_at
+from retrograd.text import json_dumps, not_text_at
 
 log = logging.getLogger(__name__)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="retrograd"'}
 
 
+class TextJSON(JSONResponse):
+    """FastAPI's JSON answer, written by text.json_dumps: a string holding a lone surrogate (a
+    file name that is not UTF-8, as Python decodes it, in a run's error or events) goes out
+    as its escape, where JSONResponse's UTF-8 encoding ends the request in a 500. Every route
+    of the server answers with it (create_app's default response class)."""
+
+    def render(self, content) -> bytes:
+        return json_dumps(content, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
 def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONResponse:
-    return JSONResponse(
+    return TextJSON(
         problem.document(trace_id, redact),
         status_code=problem.status,
         media_type=MEDIA_TYPE,

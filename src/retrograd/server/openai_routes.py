@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from retrograd import nesting
 from retrograd.openai_app.errors import ApiError, check_text, model_entry, too_deep
+from retrograd.server.guard import TextJSON
 from retrograd.server.problems import Problem
 from retrograd.server.runner import LIVE, Runs
 from retrograd.server.store import RunRecord, RunStore
@@ -200,7 +201,7 @@ def _build(target: Target):
 
 def openai_error(error: ApiError) -> JSONResponse:
     headers = dict(error.headers or {})
-    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+    return TextJSON(error.body(), status_code=error.status, headers=headers or None)
 
 
 class ChatCompletions:
@@ -285,7 +286,7 @@ class ChatCompletions:
             raise ApiError(500, f"the run could not answer: {reply['error']}")
         body, status = reply["body"], reply.get("status", 200)
         if status != 200 or not data.get("stream"):
-            return JSONResponse(body, status_code=status)
+            return TextJSON(body, status_code=status)
         return StreamingResponse(_one_piece(body, data), media_type="text/event-stream")
 
 

@@ -107,3 +107,21 @@ def test_an_event_frame_encodes_and_reads_back_the_same(text):
     sse = frame({"seq": 1, "type": "note", "message": text})
     data = sse.encode("utf-8").decode("utf-8").split("data: ", 1)[1]
     assert json.loads(data)["message"] == text
+
+
+def test_a_record_holding_a_lone_surrogate_is_answered_as_utf8(client):
+    # a run's error naming a file whose name is not UTF-8 (Python decodes its bytes to lone
+    # surrogates: os.fsdecode), as a run's process reports it
+    run = "run_00000000000a1b2c4"
+    record = RunRecord(
+        id=run, name=None, status="queued", algorithm="sft", model="m", created_at=now_ms()
+    )
+    store = client.app.state.store
+    with store.lock:
+        store.add(record)
+        store.transition(record, "failed", error="data/\udcff.jsonl: no such file")
+    for path in (f"/v1/runs/{run}", "/v1/runs"):
+        r = client.get(path)
+        assert r.status_code == 200, r.text[:300]
+        r.content.decode("utf-8")
+        assert "data/\udcff.jsonl: no such file" in json.dumps(r.json(), ensure_ascii=False)
