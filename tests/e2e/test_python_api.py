@@ -397,6 +397,22 @@ def test_the_python_pages_own_rollouts_example_runs(models, tmp_path, monkeypatc
     assert math.isfinite(values["train/loss"])
 
 
+def test_train_grpo_batch_under_a_decaying_schedule_needs_the_batches_it_spans(
+    models, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    group = [([1, 2, 3], [[4, 5], [6, 7]], [1.0, 0.0])]
+    training = {"lr_scheduler": "linear"}
+    with Trainer(models["student"], device="cpu", training=training, progress=False) as trainer:
+        with pytest.raises(ConfigError, match=r'^\[training\]\.lr_scheduler = "linear": the sch'):
+            trainer.train_grpo_batch(group)
+        first = trainer.train_grpo_batch(group, grpo={"updates": 2})
+        second = trainer.train_grpo_batch(group, grpo={"updates": 2})
+        assert first["optimizer/learning_rate"] == 1e-4 > second["optimizer/learning_rate"] > 0
+        with pytest.raises(ConfigError, match=r"batch 3 is past \[grpo\]\.updates = 2"):
+            trainer.train_grpo_batch(group, grpo={"updates": 2})
+
+
 # -- errors, callbacks, configuration ---------------------------------------------------------
 
 

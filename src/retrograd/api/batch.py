@@ -176,6 +176,12 @@ class BatchRun:
 
         run, pos = self.run, self.position
         began, update = time.perf_counter(), pos.update + 1
+        g, schedule = run.cfg.grpo, run.cfg.training.lr_scheduler
+        if schedule != "constant" and update > g.updates:
+            raise ConfigError(
+                f"train_grpo_batch: batch {update} is past [grpo].updates = {g.updates}, where "
+                f'the "{schedule}" learning-rate schedule ends (its rate is 0 from there on)'
+            )
         model = run.model
         recs, corrected = records(groups, update, model.tokenizer, run.cfg.training.ctx)
         members = [r for g in recs for r in g.members]

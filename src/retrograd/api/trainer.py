@@ -539,20 +539,33 @@ class Trainer:
         0.2 / 0.28, no KL). As in a run: advantages are the reward minus the group's
         baseline, a group whose rewards are all equal does not train, each of the grpo_epochs
         passes is one optimizer step, the learning rate schedule counts [grpo].updates x
-        grpo_epochs steps. Successive calls share one optimizer and step count until a fit
-        or `close`; the Trainer's on_step and on_update see each batch. Bad input raises
-        ConfigError naming the place (`groups[1].rewards[2] = nan: must be a finite
-        number`)."""
+        grpo_epochs steps (a decaying schedule needs `updates`, the batches it spans, and
+        refuses a batch past them). Successive calls share one optimizer and step count
+        until a fit or `close`; the Trainer's on_step and on_update see each batch. Bad
+        input raises ConfigError naming the place (`groups[1].rewards[2] = nan: must be a
+        finite number`)."""
         from retrograd.algorithms.door import Door, Hooks
         from retrograd.api.batch import BatchRun, batch_grpo
 
         self._check_open()
-        section = batch_grpo(grpo if grpo is not None else self._grpo or {})
+        given = grpo if grpo is not None else self._grpo
+        section = batch_grpo(given or {})
         if self._batch is None or self._batch[0] != section:
             self._end_batch()
             sections = {**self._sections, "run": {"algorithm": "grpo"}, "grpo": section}
             sections.setdefault("output", self._default_output())
             cfg = build_run(sections, supplied=("rewards",))
+            schedule = cfg.training.lr_scheduler
+            if (
+                schedule != "constant"
+                and isinstance(section, dict)
+                and "updates" not in (given or {})
+            ):
+                raise ConfigError(
+                    f'[training].lr_scheduler = "{schedule}": the schedule spans [grpo].updates '
+                    'x grpo_epochs steps; give train_grpo_batch(grpo={..., "updates": N}) '
+                    "with N the batches to come"
+                )
             door = Door(
                 self._sinks(), hooks=Hooks(*self._hooks), model=self.model,
                 trained=self._plan(cfg),
