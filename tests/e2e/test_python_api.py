@@ -130,26 +130,28 @@ def grpo_file(tmp: Path, models) -> tuple[object, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("name", "steps"), [("grpo", 6), ("ppo", 4)])
 def test_a_python_reward_equal_to_the_program_trains_the_same_adapter(
-    models, tmp_path, monkeypatch
+    name, steps, models, tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
     with pinned_process(forced=False):
-        cfg, grpo = grpo_file(tmp_path, models)
+        cfg = load_run(WRITERS[name](tmp_path, models))
+        section = plain(getattr(cfg, name))
         with trainer_of(cfg) as trainer:
-            by_program = fit_like(trainer, cfg, "grpo", tmp_path, output=tmp_path / "program.gguf")
-        del grpo["reward_command"]
+            by_program = fit_like(trainer, cfg, name, tmp_path, output=tmp_path / "program.gguf")
+        del section["reward_command"]
         updates = []
         with trainer_of(cfg) as trainer:
-            by_function = trainer.fit_grpo(
-                grpo,
+            by_function = getattr(trainer, FITS[name])(
+                section,
                 rewards=[share_of_e],
                 output=tmp_path / "function.gguf",
                 evaluation=plain(cfg.evaluation),
                 on_update=updates.append,
             )
     assert (tmp_path / "function.gguf").read_bytes() == (tmp_path / "program.gguf").read_bytes()
-    assert by_function["global_step"] == by_program["global_step"] == 6
+    assert by_function["global_step"] == by_program["global_step"] == steps
     assert by_function["best_eval"] == pytest.approx(by_program["best_eval"])
     members = [r for g in updates[0].groups for r in g.members]
     assert [r.reward_raw for r in members] == pytest.approx(
