@@ -125,3 +125,19 @@ def test_a_record_holding_a_lone_surrogate_is_answered_as_utf8(client):
         assert r.status_code == 200, r.text[:300]
         r.content.decode("utf-8")
         assert "data/\udcff.jsonl: no such file" in json.dumps(r.json(), ensure_ascii=False)
+
+
+U_D800 = b"\xed\xa0\x80"  # U+D800 as UTF-8 would write it: Python's JSON reader takes it
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/preflight", b'{"model": "a' + U_D800 + b'"}', "/model"),
+        ("/v1/runs?dry_run=true", b'{"config": {}, "name": "' + U_D800 + b'"}', "/name"),
+    ],
+)
+def test_a_lone_surrogate_sent_as_bytes_is_refused_too(client, path, body, where):
+    r = client.post(path, content=body, headers={"Content-Type": JSON})
+    assert r.status_code == 422, r.text[:300]
+    assert [e["pointer"] for e in r.json()["errors"]] == [where], r.text[:300]
