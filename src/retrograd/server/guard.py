@@ -227,8 +227,10 @@ def _unauthorized(query: bytes) -> Problem:
 
 class BoundedRoute(APIRoute):
     """A route of ours: where FastAPI parses the JSON body itself (a pydantic body parameter),
-    the body's depth is checked first (nesting.py), since json.loads recurses once a level.
-    Routes that read their body themselves do it through nesting.loads."""
+    the body's depth is checked first (nesting.py), since json.loads recurses once a level,
+    and a string holding a lone surrogate is refused naming its place (`refuse_non_text`).
+    Routes that read their body themselves do both through nesting.loads and read_json_object
+    (or refuse_non_text)."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
