@@ -475,6 +475,33 @@ def test_callbacks_see_the_steps_and_stop_the_fit(models, tmp_path, monkeypatch)
     assert evaluations and all(e.values["eval/loss"] > 0 for e in evaluations)
 
 
+@pytest.mark.slow
+def test_a_fit_resumes_from_its_checkpoint_as_retrograd_train_resume_does(
+    models, tmp_path, monkeypatch
+):
+    """Stopped by a callback after step 2 (a steps checkpoint there), then resumed by a new
+    Trainer with resume=True: the adapter of the run that never stopped, byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    with pinned_process(forced=False):
+        cfg = sft_setup(tmp_path, models)
+        sft, evaluation = plain(cfg.sft), plain(cfg.evaluation)
+
+        def fit(name: str, **kw) -> dict:
+            checkpoint = {"directory": str(tmp_path / name), "mode": "steps", "every_steps": 2}
+            with trainer_of(cfg) as trainer:
+                return trainer.fit_sft(
+                    sft, evaluation=evaluation, checkpoint=checkpoint,
+                    output=tmp_path / f"{name}.gguf", **kw,
+                )  # fmt: skip
+
+        whole = fit("whole")
+        stopped = fit("part", on_step=lambda e: e.global_step == 2)
+        resumed = fit("part", resume=True)
+    assert stopped["stopped"] == "callback" and stopped["global_step"] == 2
+    assert resumed["global_step"] == whole["global_step"] > 2
+    assert (tmp_path / "part.gguf").read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+
+
 def test_from_toml_and_to_toml_round_trip(models, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = WRITERS["grpo"](tmp_path, models)
