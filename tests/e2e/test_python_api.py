@@ -435,7 +435,7 @@ def test_errors_name_the_argument_as_the_run_file_names_the_key(models, tmp_path
             trainer.fit_grpo({"group_size": 1}, rewards=[share_of_e])
         with pytest.raises(ConfigError, match=r"^\[sft\]: required by fit_sft"):
             trainer.fit_sft()
-        with pytest.raises(ConfigError, match=r"^\[training\]\.kv_dtype = 'f32': the Trainer's"):
+        with pytest.raises(ConfigError, match=r'^\[training\]\.kv_dtype = "f32": the Trainer\'s'):
             trainer.fit_sft({"data": "data.txt"}, training={"kv_dtype": "f32"})
         with pytest.raises(ConfigError, match=r"\[grpo\]\.reward_command: required"):
             grpo = retrograd.GrpoSection(

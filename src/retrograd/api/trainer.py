@@ -501,13 +501,16 @@ class Trainer:
 
     def _check_training(self, training) -> None:
         """A fit's [training] keeps the keys the model and its trained tensors were built by."""
+        from retrograd.config.report import toml_value
+
         mine = self._base().training
         for key in FIXED_TRAINING:
             have, want = getattr(training, key), getattr(mine, key)
             if have != want:
                 raise ConfigError(
-                    f"[training].{key} = {have!r}: the Trainer's model and trained tensors were "
-                    f"made with {want!r}; give it to Trainer(training=...) instead"
+                    f"[training].{key} = {toml_value(have)}: the Trainer's model and trained "
+                    f"tensors were made with {toml_value(want)}; give it to "
+                    "Trainer(training=...) instead"
                 )
 
     def _sinks(self):
