@@ -50,8 +50,10 @@ def _checkpoint_dir(record: RunRecord) -> Path | None:
 
 
 def _final(record: RunRecord) -> Path | None:
-    output = record.effective_config.get("output", {})
-    path = Path(output["path"]) if output.get("kind", "adapter") == "adapter" else None
+    """The run's exported adapter, or None (a record without an output path has none)."""
+    output = record.effective_config.get("output") or {}
+    written = output.get("path") if output.get("kind", "adapter") == "adapter" else None
+    path = Path(written) if isinstance(written, str) and written else None
     return path if path is not None and path.is_file() else None
 
 
