@@ -71,7 +71,7 @@ def worker_sft(args) -> dict:
     steps: list[tuple[float, int]] = []  # (end, trained tokens)
 
     class Clock(Sinks):
-        def step(self, global_step, epoch, values, tokens, seconds):
+        def step(self, global_step, epoch, values, tokens, seconds, position=None):
             steps.append((time.perf_counter(), tokens))
 
     run_sft(load_run(run_file), sinks=Clock(quiet=True))

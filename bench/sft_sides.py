@@ -302,7 +302,7 @@ def worker_ours(args) -> dict:
             info.update(dtype=start.dtype, cache=start.backend)
             reset_hwm()
 
-        def step(self, global_step, epoch, values, tokens, seconds):
+        def step(self, global_step, epoch, values, tokens, seconds, position=None):
             if tokens == CTX:  # the text's short last window is not timed
                 ends.append(time.perf_counter())
                 losses.append(values["train/loss"])

@@ -30,7 +30,10 @@ from retrograd.environ import Environ
 from retrograd.threads import asked_threads, wait_policy
 
 CACHE_FRACTION = 0.4  # the dense cache may take this share of the memory still available
-CACHE_MODES = ("auto", "on", "off")  # 33: "int8" (an 8-bit store), "layers" (those that fit)
+# The 8-bit store stands in for reading the file's pages (1.65x a Q4_K_M file's bytes), so auto
+# lets it take more than a dense cache beside them (docs/performance.md "Memory").
+INT8_FRACTION = 0.6
+CACHE_MODES = ("auto", "on", "off", "int8")  # "layers" (the layers that fit) would plug in here
 PRODUCTS = ("dequantize",)  # 33: "int8", "int4" (products on quantized weights)
 BACKENDS = ("in_process", "llama_cpp")  # [training].rollout_backend
 
@@ -48,12 +51,16 @@ class ThreadsPlan:
 
 @dataclass(frozen=True)
 class WeightsPlan:
-    """How frozen weights are held and multiplied. cache: the dequantized-weight cache;
-    products: what a frozen product reads (dequantized dense copies today)."""
+    """How frozen weights are held and multiplied. cache: the dequantized-weight cache
+    (CACHE_MODES: "int8" keeps 8-bit rows with a scale each instead of dense copies, and
+    products read them); products: what a frozen product reads otherwise (dequantized dense
+    copies). budget_fraction, int8_fraction: the share of free memory auto lets a dense cache,
+    else the 8-bit store, take."""
 
     cache: str = "auto"
     products: str = "dequantize"
     budget_fraction: float = CACHE_FRACTION
+    int8_fraction: float = INT8_FRACTION
 
 
 @dataclass(frozen=True)
@@ -210,15 +217,24 @@ class Resolved:
     cache_reason: str
     threads: int = 0  # intra-op threads in force
     decode_graph: str | None = None  # why decode steps cannot take the graph, None when they can
+    int8_bytes: int = 0  # the 8-bit store's size when weights are kept in 8 bits, else 0
 
     def describe(self) -> str:
-        """One line: device, compute type, weights and the dense cache."""
+        """One line: device, compute type, weights and the dense cache (or the 8-bit store)."""
         gib = 1 << 30
+        head = (
+            f"device {self.device.type}, compute {str(self.dtype).replace('torch.', '')}, "
+            f"weights {self.file_bytes / gib:.2f} GiB as stored, "
+        )
+        if self.int8_bytes:
+            return (
+                f"{head}kept in 8 bits ({self.int8_bytes / gib:.2f} GiB; dense cache "
+                f"{self.dense_bytes / gib:.2f} GiB; {self.cache_reason})"
+            )
         state = "on" if self.cache else "off"
         return (
-            f"device {self.device.type}, compute {str(self.dtype).replace('torch.', '')}, "
-            f"weights {self.file_bytes / gib:.2f} GiB as stored, dequantized-weight cache "
-            f"{state} ({self.dense_bytes / gib:.2f} GiB; {self.cache_reason})"
+            f"{head}dequantized-weight cache {state} ({self.dense_bytes / gib:.2f} GiB; "
+            f"{self.cache_reason})"
         )
 
     def lines(self) -> list[str]:
@@ -236,7 +252,7 @@ class Resolved:
             f"compute: {str(self.dtype).replace('torch.', '')}{by('dtype')}, {self.threads} "
             f"threads{by('threads')}, OpenMP wait {wait}; fused kernels "
             f"{compiled}{by('RETRO_COMPILE')}; decode graph {graph}; products "
-            f"{plan.weights.products}",
+            f"{'int8' if self.int8_bytes else plan.weights.products}",
             f"sampling: {s.backend.replace('_', '-')}, "
             f"{'fast' if s.fast_context else 'exact'} context, kv {s.kv_dtype}, "
             f"{'device' if s.device_sampling else 'host'} sampling{by('RETRO_DEVICE_SAMPLING')}, "

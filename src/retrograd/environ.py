@@ -85,9 +85,10 @@ VARIABLES: tuple[Variable, ...] = (
         "dequant_cache",
         "choice",
         "auto",
-        "the dequantized-weight cache: `auto` (on when it fits in 40% of free memory), `on` "
-        "(`1`), `off` (`0`); overrides `load(cache=)`",
-        choices=("auto", "on", "off"),
+        "the dequantized-weight cache: `auto` (on when it fits in 40% of free memory, else "
+        "8-bit rows when they fit in 60%, else off), `on` (`1`), `off` (`0`), `int8` (weights "
+        "kept as int8 rows with a scale each; docs/exactness.md); overrides `load(cache=)`",
+        choices=("auto", "on", "off", "int8"),
     ),
     Variable(
         "RETRO_DEVICE_SAMPLING",

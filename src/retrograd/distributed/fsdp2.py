@@ -66,9 +66,9 @@ def shard_decoder(
     if mesh is None:
         mesh = init_device_mesh(decoder.device.type, (dist.get_world_size(),))
     cache = decoder.token_embd.cache
-    if cache.enabled:  # a dense copy of every weight on every rank: what sharding avoids
+    if cache.enabled or cache.int8:  # every weight whole on every rank: what sharding avoids
         log.info("fsdp2: the dequantized-weight cache is off (it would hold whole weights)")
-        cache.enabled = False
+        cache.enabled = cache.int8 = False
         cache.clear()
     kept = set(trainables)
     # NOTE: our blocks return views (a reshaped fused residual); nothing writes into them.

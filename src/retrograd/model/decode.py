@@ -39,6 +39,8 @@ def model_reason(decoder) -> str | None:
         return f"on {decoder.device.type}"
     if dtype == torch.float32:
         return "float32 compute"
+    if decoder.token_embd.cache.int8:
+        return "weights kept in 8 bits (no packed copies)"
     if not decoder.token_embd.cache.enabled:
         return "the dequantized-weight cache is off"
     if not onednn_packs(dtype):

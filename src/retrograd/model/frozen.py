@@ -5,8 +5,10 @@ device and produces a dense copy when a matmul needs one. `frozen_linear` is the
 autograd function that makes training affordable: backward dequantizes again instead of
 keeping a dense copy of every frozen weight alive between forward and backward.
 
-A `DenseCache`, when enabled, keeps the dense copies instead (memory for speed); the loader
-decides and reports. Nothing here knows about architectures or LoRA.
+A `DenseCache`, when enabled, keeps the dense copies instead (memory for speed); in its 8-bit
+mode (`int8`) it keeps each 2-D weight as int8 rows with a scale per row instead (model/int8.py:
+1 byte a weight, products that never build a dense copy). The loader decides and reports.
+Nothing here knows about architectures or LoRA.
 """
 
 from __future__ import annotations
@@ -21,17 +23,28 @@ from torch import nn
 from retrograd import compute
 from retrograd.gguf import TensorInfo
 from retrograd.model.dequant import check_supported, dequantize, dequantize_rows
+from retrograd.model.int8 import dequantized, int8_linear, quantize_rows
 
 log = logging.getLogger(__name__)
 CHUNK_ELEMENTS = 1 << 22  # dequantize larger tensors to a narrower dtype in blocks of rows
 
 
 class DenseCache:
-    """Dense copies of frozen weights by (id, dtype); `enabled = False` turns it into a no-op."""
+    """Dense copies of frozen weights by (id, dtype); `enabled = False` turns it into a no-op.
+    int8: 2-D weights are kept as (q, scale) instead (`int8_of`), dense copies never."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, enabled: bool, int8: bool = False):
+        assert not (enabled and int8), "one store: dense copies or 8-bit rows"
+        self.enabled, self.int8 = enabled, int8
         self._store: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._int8: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def int8_of(self, owner: FrozenTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 8-bit rows of a 2-D weight, quantized at first use and kept."""
+        held = self._int8.get(id(owner))
+        if held is None:
+            held = self._int8[id(owner)] = owner.quantize_int8()
+        return held
 
     def get(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor:
         if not self.enabled:
@@ -84,10 +97,12 @@ class DenseCache:
 
     def clear(self) -> None:
         self._store.clear()
+        self._int8.clear()
 
     @property
     def n_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._store.values())
+        held = [*self._store.values(), *(t for pair in self._int8.values() for t in pair)]
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 class FrozenTensor:
@@ -146,11 +161,35 @@ class FrozenTensor:
             out[r : r + n] = dequantize(chunk, self.ggml_type, (n, self.shape[1]), dtype=dtype)
         return out
 
+    def quantize_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, scale) of this 2-D weight (model/int8.py), from float32 rows dequantized a block
+        at a time: no float32 copy of a whole large tensor exists."""
+        rows, width = self.shape
+        q = torch.empty(self.shape, dtype=torch.int8, device=self.device)
+        scale = torch.empty(rows, dtype=torch.float32, device=self.device)
+        step = max(1, CHUNK_ELEMENTS // width)
+        for r in range(0, rows, step):
+            block = slice(r, min(r + step, rows))
+            w = dequantize_rows(self.raw, self.ggml_type, self.shape, block)
+            q[block], scale[block] = quantize_rows(w)
+        return q, scale
+
+    @property
+    def in_int8(self) -> bool:
+        """Whether products read this weight's 8-bit rows (the cache's int8 mode, 2-D)."""
+        return self.cache.int8 and len(self.shape) == 2
+
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.in_int8:  # the weight the 8-bit store computes with, dense for this use only
+            return dequantized(*self.cache.int8_of(self), dtype)
         return self.cache.get(self, dtype)
 
     def row_block(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows [start, stop) dense: from the cache when it is on, else dequantized alone."""
+        """Rows [start, stop) dense: from the cache when it is on (its 8-bit rows in int8
+        mode), else dequantized alone."""
+        if self.in_int8:
+            q, scale = self.cache.int8_of(self)
+            return dequantized(q[start:stop], scale[start:stop], dtype)
         if self.cache.enabled:
             return self.dense(dtype)[start:stop]
         return dequantize_rows(
@@ -318,6 +357,8 @@ class _FrozenLinear(torch.autograd.Function):
 
 def frozen_linear(x: torch.Tensor, weight: FrozenTensor) -> torch.Tensor:
     """x (..., n_in) -> (..., n_out) in x's dtype."""
+    if weight.in_int8:
+        return int8_linear(x, *weight.cache.int8_of(weight))
     if not torch.is_grad_enabled() or not x.requires_grad:
         if packable(x.dtype, x.device, weight):
             return _packed_linear(x, weight.cache.packed([weight], x.dtype), weight.shape[0])

@@ -47,17 +47,26 @@ def _float(info: TensorInfo, device: torch.device) -> torch.Tensor:
 
 
 def decide_cache(
-    dense_bytes: int, device: torch.device, weights: WeightsPlan, source: str = "default"
-) -> tuple[bool, str]:
-    """Whether the dequantized-weight cache is on, and why: as the plan asks (`source` names
-    who asked), else on when a full cache fits in `budget_fraction` of the free memory."""
-    if weights.cache in ("on", "off"):
+    dense_bytes: int,
+    device: torch.device,
+    weights: WeightsPlan,
+    source: str = "default",
+    int8_bytes: int = 0,
+) -> tuple[str, str]:
+    """How frozen weights are held ("on": dense copies, "int8": 8-bit rows, "off": the file's
+    bytes alone), and why: as the plan asks (`source` names who asked), else dense when a full
+    cache fits in `budget_fraction` of the free memory, else 8-bit when its `int8_bytes` fit
+    in `int8_fraction` of it, else off."""
+    if weights.cache != "auto":
         asked = source if source.startswith("RETRO_") else f"requested {weights.cache}"
-        return weights.cache == "on", asked
+        return weights.cache, asked
     free = available_memory(device)
+    gib = free / (1 << 30)
     if dense_bytes <= weights.budget_fraction * free:
-        return True, f"fits in {free / (1 << 30):.1f} GiB available"
-    return False, f"would not fit comfortably in {free / (1 << 30):.1f} GiB available"
+        return "on", f"fits in {gib:.1f} GiB available"
+    if int8_bytes and int8_bytes <= weights.int8_fraction * free:
+        return "int8", f"dense would not fit comfortably in {gib:.1f} GiB available; 8-bit does"
+    return "off", f"would not fit comfortably in {gib:.1f} GiB available, nor in 8 bits"
 
 
 def build_decoder(
@@ -80,8 +89,9 @@ def build_decoder(
         t for t in g.tensors.values() if t.name.endswith(".weight") and len(t.shape) in (2, 3)
     ]
     dense_bytes = sum(t.n_elements for t in matmul) * torch.finfo(dtype).bits // 8
-    cache_on, reason = decide_cache(dense_bytes, device, plan.weights, plan.source("cache"))
-    dense = DenseCache(cache_on)
+    int8_bytes = _int8_bytes(g, matmul)
+    mode, reason = decide_cache(dense_bytes, device, plan.weights, plan.source("cache"), int8_bytes)
+    dense = DenseCache(mode == "on", int8=mode == "int8")
 
     def frozen(name: str) -> FrozenTensor:
         return FrozenTensor(g.tensor(name), tensor_bytes(g.tensor(name), device), dense)
@@ -120,13 +130,26 @@ def build_decoder(
         dtype,
         g.n_bytes,
         dense_bytes,
-        cache_on,
+        mode == "on",
         reason,
         torch.get_num_threads(),
         decode.model_reason(decoder),
+        int8_bytes if mode == "int8" else 0,
     )
     _log_decisions(g, cfg, report, time.perf_counter() - started)
     return decoder, report
+
+
+def _int8_bytes(g: GGUFFile, matmul: list[TensorInfo]) -> int:
+    """What the 8-bit store of the 2-D product weights takes (a byte a weight, 4 a row's
+    scale); the token embedding counts only where it is also the head (its rows are read from
+    the file)."""
+    tied = not g.has_tensor("output.weight")
+    return sum(
+        t.n_elements + 4 * t.shape[0]
+        for t in matmul
+        if len(t.shape) == 2 and (tied or t.name != "token_embd.weight")
+    )
 
 
 def _log_decisions(g: GGUFFile, cfg: ModelConfig, report: Resolved, seconds: float) -> None:
