@@ -13,8 +13,11 @@ Nothing here knows about architectures or LoRA.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -108,7 +111,9 @@ class DenseCache:
 class FrozenTensor:
     """The stored bytes of one GGUF tensor, and how to make them dense."""
 
-    def __init__(self, info: TensorInfo, raw: torch.Tensor, cache: DenseCache):
+    def __init__(
+        self, info: TensorInfo, raw: torch.Tensor, cache: DenseCache, mapped: bool = False
+    ):
         check_supported(info.ggml_type, where=info.name)
         self.name = info.name
         self.ggml_type = info.ggml_type
@@ -116,6 +121,7 @@ class FrozenTensor:
         self._raw: torch.Tensor | None = raw  # (n_bytes,) uint8
         self._home: tuple[nn.Module, str] | None = None
         self.cache = cache
+        self._mapped = mapped  # raw is the file's read-only shared memory map itself
 
     @property
     def raw(self) -> torch.Tensor:
@@ -132,13 +138,14 @@ class FrozenTensor:
         shard and the gathered bytes (before forward, again before backward); nothing here may
         keep a reference to either, so reading through the module is the only way in."""
         module.register_parameter(name, nn.Parameter(self.raw, requires_grad=False))
-        self._home, self._raw = (module, name), None
+        self._home, self._raw, self._mapped = (module, name), None, False
 
     @property
     def device(self) -> torch.device:
         return self.raw.device
 
     def to(self, device: torch.device) -> FrozenTensor:
+        self._mapped = False
         if self._home is not None:
             module, name = self._home
             setattr(module, name, nn.Parameter(self.raw.to(device), requires_grad=False))
@@ -172,6 +179,8 @@ class FrozenTensor:
             block = slice(r, min(r + step, rows))
             w = dequantize_rows(self.raw, self.ggml_type, self.shape, block)
             q[block], scale[block] = quantize_rows(w)
+        if self._mapped:  # read again only for rare uses (an embedding row, an export)
+            release_pages(self._raw)
         return q, scale
 
     @property
@@ -208,6 +217,33 @@ class FrozenTensor:
         flat = ids.reshape(-1)
         out = dequantize_rows(self.raw, self.ggml_type, self.shape, flat, dtype=dtype)
         return out.reshape(*ids.shape, self.shape[-1])
+
+
+def release_pages(mapped: torch.Tensor) -> None:
+    """Drop the whole pages of `mapped` (a view of a file's read-only shared memory map) from
+    this process's resident set: the file stays in the page cache, a later read maps it again.
+    The 8-bit store calls it once a weight's rows are quantized, so that a model kept in 8 bits
+    is not also held as the file's pages (4.6 GiB at 8B).
+
+    NOTE: only for a shared file mapping. MADV_DONTNEED on private or anonymous memory (a
+    tensor copied off the map, moved to a device) would zero it instead."""
+    if sys.platform != "linux" or mapped.device.type != "cpu" or not mapped.numel():
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = -(-mapped.data_ptr() // page) * page
+    stop = (mapped.data_ptr() + mapped.numel()) // page * page
+    if stop > start:
+        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), MADV_DONTNEED)
+
+
+MADV_DONTNEED = 4
+
+
+@functools.cache
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 # The rows oneDNN lays a packed weight out for. float32 on an AVX2 CPU, Gemma's head at 1, 8 and

@@ -94,7 +94,8 @@ def build_decoder(
     dense = DenseCache(mode == "on", int8=mode == "int8")
 
     def frozen(name: str) -> FrozenTensor:
-        return FrozenTensor(g.tensor(name), tensor_bytes(g.tensor(name), device), dense)
+        raw = tensor_bytes(g.tensor(name), device)
+        return FrozenTensor(g.tensor(name), raw, dense, mapped=device.type == "cpu")
 
     def opt(name: str):
         return g.tensors.get(name)

@@ -113,3 +113,31 @@ def test_auto_keeps_8_bit_rows_where_the_dense_cache_does_not_fit(monkeypatch):
         "int8",
         "RETRO_DEQUANT_CACHE=int8",
     )
+
+
+def test_released_pages_of_the_file_map_read_back_the_same_bytes(tmp_path):
+    """After quantizing, the store drops the weight's pages of the file map from the resident
+    set (MADV_DONTNEED): reading them again maps the file's bytes, not zeros."""
+    import mmap
+    import warnings
+
+    import numpy as np
+
+    from retrograd.model.frozen import release_pages
+
+    data = np.random.default_rng(0).integers(1, 255, 64 * 4096 + 100, dtype=np.uint8)
+    (tmp_path / "w.bin").write_bytes(data.tobytes())
+    with open(tmp_path / "w.bin", "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with warnings.catch_warnings():  # read-only, as the loader's map (never written)
+        warnings.simplefilter("ignore", UserWarning)
+        view = torch.from_numpy(np.frombuffer(mapped, dtype=np.uint8, offset=50))
+    assert int(view.sum()) == int(data[50:].astype(np.int64).sum())
+    release_pages(view)
+    assert torch.equal(view, torch.from_numpy(data[50:].copy()))
+
+
+def test_the_loader_marks_only_the_file_map_for_release(tiny_model):
+    m = load(tiny_model("llama3", "MOSTLY_Q4_K_M"), "int8")
+    f = m.decoder.blk[0].attn_q.frozen
+    assert f._mapped and not f.to(torch.device("cpu"))._mapped
