@@ -11,6 +11,8 @@ TOML comments), so a bracket inside a string never counts.
 
 `TooDeep` is a `json.JSONDecodeError` (so a ValueError): every reader that already names the
 place of malformed JSON (`data.jsonl:17: ...`, a reply's batch and line) names this one too.
+`loads` and `raw_decode` make an integer of more digits than Python converts (4300,
+`sys.get_int_max_str_digits()`: a ValueError out of the parser) a JSONDecodeError as well.
 Nothing here knows who wrote the text or which error its reader answers.
 """
 
@@ -107,17 +109,33 @@ def text_of(raw: str | bytes | bytearray) -> str:
 
 def loads(raw: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
     """`json.loads(raw)`, refusing (TooDeep) a document nested more than `limit` deep before
-    the parser sees it."""
+    the parser sees it; an integer of too many digits is a JSONDecodeError."""
     text = text_of(raw)
     check_json(text, limit)
-    return json.loads(text)
+    return _decoded(json.loads, text)
 
 
 def raw_decode(text: str, pos: int = 0, limit: int = MAX_DEPTH) -> tuple[Any, int]:
     """`json.JSONDecoder().raw_decode(text, pos)` for the one value at `pos` (text may follow
-    it), refusing (TooDeep) one nested more than `limit` deep."""
+    it), refusing (TooDeep) one nested more than `limit` deep; an integer of too many digits
+    is a JSONDecodeError."""
     check_json(text, limit, pos, one_value=True)
-    return json.JSONDecoder().raw_decode(text, pos)
+    return _decoded(json.JSONDecoder().raw_decode, text, pos)
+
+
+def _decoded(parse, text: str, *args) -> Any:
+    """`parse(text, *args)`, its every failure a JSONDecodeError: the parser raises a plain
+    ValueError for an integer of more digits than int() converts (`"7" * 5000`)."""
+    try:
+        return parse(text, *args)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as error:
+        found = _LONG_DIGITS.search(text, *args)
+        raise json.JSONDecodeError(str(error), text, found.start() if found else 0) from None
+
+
+_LONG_DIGITS = re.compile(r"[0-9]{4301}")  # where an integer past int()'s limit starts
 
 
 def check_toml(text: str, limit: int = MAX_DEPTH) -> None:

@@ -6,7 +6,8 @@ whatever called it in UnicodeEncodeError.
 `is_text` tells; `as_text` makes each lone surrogate U+FFFD (for what a model or a tool reads);
 `json_dumps` writes JSON that always encodes, with ASCII escapes where a lone surrogate must
 stay as it was (a record read back holds the same string); `not_text_at` finds the place of
-the first string in parsed JSON that is not text (for a reader that refuses it). Nothing here knows where a string
+the first string in parsed JSON that is not text (for a reader that refuses it), `first_at`
+the first key or value of any kind a caller names. Nothing here knows where a string
 came from or where it goes.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -45,17 +47,23 @@ def json_dumps(value: Any, **options: Any) -> str:
 def not_text_at(value: Any) -> tuple[str | int, ...] | None:
     """The path (keys and indices) to the first string, key or value, in a parsed JSON value
     that holds a lone surrogate; None when every string is text. Walked without recursion."""
+    return first_at(value, lambda v: isinstance(v, str) and not is_text(v))
+
+
+def first_at(value: Any, bad: Callable[[Any], bool]) -> tuple[str | int, ...] | None:
+    """The path (keys and indices) to the first key or scalar of a parsed JSON value (dicts,
+    lists, tuples) for which `bad` is true, in document order; None when there is none.
+    Walked without recursion."""
     todo: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while todo:
         item, path = todo.pop()
-        if isinstance(item, str):
-            if not is_text(item):
-                return path
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             for key, v in reversed(item.items()):
-                if isinstance(key, str) and not is_text(key):
+                if bad(key):
                     return (*path, key)
                 todo.append((v, (*path, key)))
         elif isinstance(item, list | tuple):
             todo.extend((v, (*path, i)) for i, v in reversed(list(enumerate(item))))
+        elif bad(item):
+            return path
     return None

@@ -147,3 +147,20 @@ def test_dotted_keys_nest_without_brackets_and_check_value_finds_them():
     nesting.check_value({"a": ({"b": 1},)}, 3)  # tuples are walked too
     with pytest.raises(TooDeep):
         nesting.check_value({"a": ({"b": [1]},)}, 3)
+
+
+def test_an_integer_of_more_digits_than_python_converts_is_malformed_json():
+    # the parser raises a plain ValueError for it, which readers that name malformed JSON
+    # (JSONDecodeError) let through: a 500 on the server, an exec tool's reply out of a run
+    huge = "7" * 5000
+    with pytest.raises(ValueError) as plain:
+        json.loads("[" + huge + "]")
+    assert not isinstance(plain.value, json.JSONDecodeError)  # what happens without loads
+    text = '{"a": [1, ' + huge + "]}"
+    with pytest.raises(json.JSONDecodeError) as caught:
+        nesting.loads(text)
+    assert "4300 digits" in str(caught.value) and caught.value.pos == text.index(huge)
+    with pytest.raises(json.JSONDecodeError) as caught:
+        nesting.raw_decode("x " + text + " y", 2)
+    assert caught.value.pos == 2 + text.index(huge)
+    assert nesting.loads("[" + "7" * 4300 + "]") == [int("7" * 4300)]  # the limit itself reads

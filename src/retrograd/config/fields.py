@@ -27,9 +27,10 @@ from retrograd.config.report import construction_error
 
 
 class Section(BaseModel):
-    """Base of every TOML table: unknown keys refused, TOML types kept, values immutable."""
+    """Base of every TOML table: unknown keys refused, TOML types kept, values immutable,
+    floats finite (TOML writes nan and inf; no key means them, and JSON cannot carry them)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     def __init__(self, /, **data: Any) -> None:
         """Built in Python: the section's own checks, each problem named as the run file

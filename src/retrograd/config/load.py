@@ -212,8 +212,9 @@ def _apply_verbose(
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
     """TOML to a dict; a syntax error becomes `run.toml:LINE:COLUMN: invalid TOML: ...`, and
-    so does nesting deeper than nesting.MAX_DEPTH (arrays and tables, dotted keys too), found
-    before tomllib or any later reader recurses into it."""
+    so do nesting deeper than nesting.MAX_DEPTH (arrays and tables, dotted keys too), found
+    before tomllib or any later reader recurses into it, and an integer of more digits than
+    Python converts (a ValueError out of tomllib)."""
     try:
         nesting.check_toml(text)
         data = tomllib.loads(text)
@@ -229,6 +230,12 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: invalid TOML: {message}") from None
         reason = message[: found.start()].strip()
         raise ConfigError(f"{source}:{found[1]}:{found[2]}: invalid TOML: {reason}") from None
+    except ValueError as error:  # an integer of more digits than int() converts (4300)
+        where, at = re.search(r"[0-9_]{4301}", text), ""
+        if where is not None:
+            start = where.start()
+            at = f":{text.count(chr(10), 0, start) + 1}:{start - text.rfind(chr(10), 0, start)}"
+        raise ConfigError(f"{source}{at}: invalid TOML: {error}") from None
 
 
 def validate_run(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from retrograd import nesting
-from retrograd.server.guard import refuse_non_text
+from retrograd.server.guard import refuse_unwritable
 from retrograd.server.problems import FieldError, Problem, not_found, pointer, too_deep
 from retrograd.server.store import iso, now_ms, write_atomic
 from retrograd.text import json_dumps
@@ -86,7 +86,7 @@ def _records(text: str, media: str) -> list[Any]:
             raise _bad("", f"not JSON: {error}") from None
         if not isinstance(records, list) or not records:
             raise _bad("", "a JSON body must be a non-empty array of records")
-        refuse_non_text(records)
+        refuse_unwritable(records)
         return records
     records = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -98,7 +98,7 @@ def _records(text: str, media: str) -> list[Any]:
             raise too_deep(error, f"line {n}: {error.msg}", f"/line/{n}") from None
         except json.JSONDecodeError as error:
             raise _bad(f"/line/{n}", f"line {n}: not JSON ({error.msg})") from None
-        refuse_non_text(records[-1], f"/line/{n}")
+        refuse_unwritable(records[-1], f"/line/{n}")
     if not records:
         raise _bad("", "no records")
     return records

@@ -19,6 +19,8 @@ import asyncio
 import hmac
 import json
 import logging
+import math
+import re
 import uuid
 
 from fastapi import FastAPI, Request
@@ -40,10 +42,12 @@ from retrograd.server.problems import (
     too_deep,
     unknown_field,
 )
-from retrograd.text import json_dumps, not_text_at
+from retrograd.text import first_at, json_dumps, not_text_at
 
 log = logging.getLogger(__name__)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="retrograd"'}
+# What a JSON body holds before it can hold a lone surrogate or a number that is not finite.
+_MAYBE_UNWRITABLE = re.compile(r"\\u|NaN|Infinity|[0-9][eE]")
 
 
 class TextJSON(JSONResponse):
@@ -228,9 +232,9 @@ def _unauthorized(query: bytes) -> Problem:
 class BoundedRoute(APIRoute):
     """A route of ours: where FastAPI parses the JSON body itself (a pydantic body parameter),
     the body's depth is checked first (nesting.py), since json.loads recurses once a level,
-    and a string holding a lone surrogate is refused naming its place (`refuse_non_text`).
-    Routes that read their body themselves do both through nesting.loads and read_json_object
-    (or refuse_non_text)."""
+    and a string holding a lone surrogate or a number that is not finite is refused naming
+    its place (`refuse_unwritable`). Routes that read their body themselves do both through
+    nesting.loads and read_json_object (or refuse_unwritable)."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -240,18 +244,19 @@ class BoundedRoute(APIRoute):
         async def bounded(request: Request):
             body = await request.body()  # kept by the request: FastAPI reads it from there
             try:
-                nesting.check_json(nesting.text_of(body))
+                text = nesting.text_of(body)
+                nesting.check_json(text)
             except nesting.TooDeep as error:
                 raise too_deep(error, f"the body is {error}") from None
             except UnicodeDecodeError:
-                pass  # not text: FastAPI's own parse says so
-            if b"\\u" in body:  # an escape: perhaps a lone surrogate
+                return await handler(request)  # not text: FastAPI's own parse says so
+            if _MAYBE_UNWRITABLE.search(text):  # an escape, NaN, Infinity, an exponent
                 try:
-                    data = json.loads(body)
+                    data = nesting.loads(text)
                 except ValueError:
                     pass  # not JSON: FastAPI's own parse says so
                 else:
-                    refuse_non_text(data)
+                    refuse_unwritable(data)
             return await handler(request)
 
         return bounded
@@ -314,15 +319,24 @@ def _field_error(error: dict) -> FieldError:
     return FieldError(where, "invalid_value", error.get("msg", ""))
 
 
-def refuse_non_text(data, where: str = "") -> None:
-    """Problem (invalid-request) naming the first string of a parsed body (or of its line
-    `where`) that holds a lone surrogate: a `\\ud800` escape is JSON, but no run file,
-    template, tokenizer or record of ours takes it."""
-    path = not_text_at(data)
-    if path is not None:
-        at = where + pointer(*path)
-        message = f"{at or 'the body'}: holds a lone surrogate (a \\ud800 escape), not text"
-        raise Problem("invalid-request", message, [FieldError(at, "invalid_value", message)])
+def refuse_unwritable(data, where: str = "") -> None:
+    """Problem (invalid-request) naming the first value of a parsed body (or of its line
+    `where`) that the server could not keep or answer: a string holding a lone surrogate (a
+    `\\ud800` escape is JSON, but no run file, template, tokenizer or record of ours takes
+    it), or a number that is not finite (`NaN`, `Infinity`, `1e999`, TOML's `inf`: Python's
+    readers take them, no JSON answer carries them)."""
+    for path, what in (
+        (not_text_at(data), "holds a lone surrogate (a \\ud800 escape), not text"),
+        (first_at(data, _not_finite), "is not a finite number (NaN or an infinity)"),
+    ):
+        if path is not None:
+            at = where + pointer(*path)
+            message = f"{at or 'the body'}: {what}"
+            raise Problem("invalid-request", message, [FieldError(at, "invalid_value", message)])
+
+
+def _not_finite(value) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
@@ -338,7 +352,7 @@ def read_json_object(body: bytes, known: tuple[str, ...]) -> dict:
             f"the body is not JSON: {error}",
             [FieldError("", "unsupported_format", f"not JSON: {error}")],
         ) from None
-    refuse_non_text(data)
+    refuse_unwritable(data)
     if not isinstance(data, dict):
         raise Problem(
             "invalid-request",

@@ -246,9 +246,8 @@ class ChatCompletions:
         except nesting.TooDeep as error:
             return await openai_error(too_deep(error.limit))(scope, receive, send)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            return await openai_error(ApiError(400, f"the body is not JSON: {error}"))(
-                scope, receive, send
-            )
+            not_json = ApiError(400, f"the body is not JSON: {error}", None, "invalid_json")
+            return await openai_error(not_json)(scope, receive, send)  # as serve's app says
         except ApiError as error:
             return await openai_error(error)(scope, receive, send)
         self.in_flight += 1

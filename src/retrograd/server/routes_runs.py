@@ -26,7 +26,7 @@ from retrograd.errors import ConfigError
 from retrograd.nesting import TooDeep
 from retrograd.server import forks
 from retrograd.server.documents import PATCHABLE, check_file, merge, prepare
-from retrograd.server.guard import BoundedRoute, read_json_object
+from retrograd.server.guard import BoundedRoute, read_json_object, refuse_unwritable
 from retrograd.server.problems import (
     FieldError,
     Problem,
@@ -121,6 +121,7 @@ async def _run_request(request: Request) -> Asked:
             raise Problem(
                 "invalid-request", str(error), [FieldError("", "unsupported_format", str(error))]
             ) from None
+        refuse_unwritable(document)  # TOML's nan and inf: no JSON answer carries them
         return Asked(document, name=request.query_params.get("name"), where="")
     if media != "application/json":
         raise Problem(

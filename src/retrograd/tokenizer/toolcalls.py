@@ -116,13 +116,8 @@ def _json_arrays(value: Any) -> Any:
 def _decode_json(text: str, pos: int = 0) -> tuple[Any, int]:
     """One JSON value at `pos`. Every failure is a JSONDecodeError: a number of more digits
     than Python converts, or nesting past PARSE_DEPTH (nesting.TooDeep, found before the
-    parser recurses), included."""
-    try:
-        return nesting.raw_decode(text, pos, PARSE_DEPTH)
-    except json.JSONDecodeError:
-        raise
-    except ValueError as e:  # int("7" * 5000): past sys.get_int_max_str_digits()
-        raise json.JSONDecodeError(str(e), text, pos) from None
+    parser recurses), included (nesting.raw_decode)."""
+    return nesting.raw_decode(text, pos, PARSE_DEPTH)
 
 
 def normalize_arguments(value: Any) -> dict[str, Any]:

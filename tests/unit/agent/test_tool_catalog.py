@@ -276,6 +276,8 @@ def test_json_exec_tool_rewards_and_ends(tmp_path, sandbox):
         ("print('{\"content\": 1}')", '"content" must be a string'),
         ('print(\'{"content": "x", "reward": NaN}\')', '"reward" must be a finite number'),
         ('print(\'{"content": "x", "done": 1}\')', '"done" must be true or false'),
+        # more digits than Python converts: a ValueError out of the parser, not a broken tool
+        ("print('{\"content\": \"x\", \"reward\": ' + '9' * 5000 + '}')", "4300 digits"),
     ],
 )
 def test_a_bad_json_reply_is_a_broken_tool(tmp_path, sandbox, code, why):

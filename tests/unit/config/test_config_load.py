@@ -99,6 +99,24 @@ def test_commands_that_read_a_run_file_name_toml_nested_too_deep(tmp_path, capsy
     assert f"{path}:15:69: invalid TOML: nested more than 64 levels deep" in capsys.readouterr().err
 
 
+def test_toml_integer_of_more_digits_than_python_converts_names_the_place(tmp_path):
+    # tomllib raises a plain ValueError (not TOMLDecodeError) for it: it was a traceback
+    path = write(tmp_path, RUN + "[training]\nepochs = " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_run(path)
+    assert str(caught.value).startswith(f"{path}:16:10: invalid TOML: Exceeds the limit")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf"])
+@pytest.mark.parametrize("key", ["lr", "max_grad_norm"])
+def test_a_float_key_refuses_nan_and_the_infinities(tmp_path, key, value):
+    # TOML writes them; no float key means them (an lr of inf trained to NaN, a served run's
+    # view of it could not be answered as JSON)
+    path = write(tmp_path, RUN + f"[training]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=rf"\[training\]\.{key} = .*: must be a finite number"):
+        load_run(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such run file"):
         load_run(tmp_path / "absent.toml")
