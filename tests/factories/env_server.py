@@ -8,11 +8,13 @@ observation when `metadata.greet` is true; /state answers 404 when `metadata.no_
 Every request is recorded (method, path, JSON body, headers) in `EnvServer.calls`, so tests can
 assert the protocol. Knobs: `gone` (env_ids answered 410), `step_delay` (seconds /step sleeps),
 `bad_step` (the step reply misses its result), `raw_step` (the text /step answers instead, as
-JSON, however malformed).
+JSON, however malformed), `drip_step` (/step answers a body that never ends, a byte every
+that many seconds), `raw_reset` (the text /reset answers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -23,7 +25,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 TOOLS = [
     {
@@ -65,6 +67,8 @@ class EnvServer:
     step_delay: float = 0.0
     bad_step: bool = False
     raw_step: str | None = None
+    drip_step: float | None = None
+    raw_reset: str | None = None
     url: str = ""
 
     def routes(self, method: str | None = None) -> list[str]:
@@ -99,6 +103,8 @@ class EnvServer:
 
         @app.post("/reset")
         def reset(body: dict):
+            if self.raw_reset is not None:
+                return Response(self.raw_reset, media_type="application/json")
             env_id = f"env-{len(self.games)}"
             game = Game(body["scenario"], body["seed"])
             self.games[env_id] = game
@@ -117,6 +123,8 @@ class EnvServer:
                 return {"reward": None, "done": False}
             if self.raw_step is not None:
                 return Response(self.raw_step, media_type="application/json")
+            if self.drip_step is not None:
+                return StreamingResponse(self._drip(self.drip_step), media_type="application/json")
             game, call = self.games[env_id], body["call"]
             args = call["arguments"]
             if call["name"] == "echo":
@@ -160,6 +168,12 @@ class EnvServer:
             return Response(status_code=204)
 
         return app
+
+    async def _drip(self, seconds: float):
+        yield b'{"result": {"content": "'
+        while True:  # until the client goes away
+            await asyncio.sleep(seconds)
+            yield b"x"
 
 
 @contextlib.contextmanager

@@ -14,9 +14,11 @@ server's ToolCallView/MessageView):
     ToolResult = {"content": str, "is_error"?: bool}   ("reward" and "done" may be left out)
 
 A 404 or 410 on a route carrying an env_id (state excepted), any other non-2xx answer, a
-timeout or a reply of the wrong shape (a reward that is not a finite number, JSON nested past
-what the parser reads) fails the trajectory (EnvironmentFailure naming the scenario, URL and
-route). An HTTP environment grades through its step rewards: `grades` is True and `verify`
+timeout (a reply still arriving request_timeout_secs after the request, however slowly it
+drips), a reply over `reply_limit` bytes (read no further) or of the wrong shape (a reward that
+is not a finite number, JSON nested past what the parser reads) fails the trajectory
+(EnvironmentFailure naming the scenario, URL and route). Reset's observation is capped at
+max_result_bytes like a result. An HTTP environment grades through its step rewards: `grades` is True and `verify`
 returns None. Calls to a tool missing from /tools, and arguments JSON cannot carry
 (`toolcalls.argument_problem`), are error observations that never reach the server. This
 module knows nothing about tokens or the policy.
@@ -25,6 +27,7 @@ module knows nothing about tokens or the policy.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -44,6 +47,7 @@ from retrograd.text import as_text
 from retrograd.tokenizer.toolcalls import argument_problem
 
 TRUNCATED = "\n[output truncated]"
+MIN_REPLY_BYTES = 16 << 20  # a reply may always hold this much (reply_limit)
 
 
 def cap_text(text: str, max_bytes: int) -> str:
@@ -54,6 +58,27 @@ def cap_text(text: str, max_bytes: int) -> str:
     if len(raw) <= max_bytes:
         return text
     return raw[:max_bytes].decode(errors="ignore") + TRUNCATED
+
+
+def reply_limit(config: HttpConfig) -> int:
+    """The most bytes one reply may hold: 8 x max_result_bytes (JSON writes a character of the
+    observation in up to 6 bytes per UTF-8 byte, and the reply holds more), at least
+    MIN_REPLY_BYTES. A larger one is a broken server."""
+    return max(MIN_REPLY_BYTES, 8 * config.max_result_bytes)
+
+
+def _read(response: httpx.Response, limit: int, deadline: float, place: str, late) -> bytes:
+    """The reply's body, refused (EnvironmentFailure) past `limit` bytes, or with `late` past
+    the `deadline` (monotonic): httpx's timeout bounds each read, not the reply, which a byte
+    now and then would keep open for ever."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise EnvironmentFailure(f"{place}: the answer is over {limit} bytes")
+        if time.monotonic() > deadline:
+            raise late
+    return bytes(body)
 
 
 class HttpEnvironment(Environment):
@@ -79,12 +104,15 @@ class HttpEnvironment(Environment):
         """One call; the decoded JSON answer (None for an empty body, or a 404 when
         missing_ok). Raises EnvironmentFailure naming `where`, the URL and the route."""
         place = f"{where}: {method} {self.base_url}{route}"
+        late = EnvironmentFailure(
+            f"{place}: no answer within {self.config.request_timeout_secs:g} s"
+        )
+        deadline = time.monotonic() + self.config.request_timeout_secs
         try:
-            response = self.client.request(method, route, json=body)
+            with self.client.stream(method, route, json=body) as response:
+                content = _read(response, reply_limit(self.config), deadline, place, late)
         except httpx.TimeoutException:
-            raise EnvironmentFailure(
-                f"{place}: no answer within {self.config.request_timeout_secs:g} s"
-            ) from None
+            raise late from None
         except httpx.HTTPError as e:
             raise EnvironmentFailure(f"{place}: {type(e).__name__}: {e}") from None
         if missing_ok and response.status_code == 404:
@@ -93,13 +121,12 @@ class HttpEnvironment(Environment):
             gone = (
                 " (the environment instance is gone)" if response.status_code in (404, 410) else ""
             )
-            raise EnvironmentFailure(
-                f"{place}: HTTP {response.status_code}{gone}: {response.text[:200]}"
-            )
-        if not response.content:
+            text = content[:200].decode(errors="replace")
+            raise EnvironmentFailure(f"{place}: HTTP {response.status_code}{gone}: {text}")
+        if not content:
             return None
         try:
-            return nesting.loads(response.content)
+            return nesting.loads(content)
         except nesting.TooDeep as e:
             raise EnvironmentFailure(f"{place}: the answer is JSON {e}") from None
         except ValueError:
@@ -144,6 +171,8 @@ class HttpEnvironment(Environment):
         opening = reply.get("observation")
         if opening is not None and not isinstance(opening, str):
             raise EnvironmentFailure(f'{place}: "observation" must be null or a string')
+        if opening is not None:
+            opening = cap_text(opening, self.config.max_result_bytes)
         return HttpEpisode(self, where, reply["env_id"], tools, opening)
 
     def grades(self, scenario) -> bool:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from retrograd.agent.http_env import TRUNCATED, HttpEnvironment, cap_text
+from retrograd.agent.http_env import TRUNCATED, HttpEnvironment, cap_text, reply_limit
 from retrograd.agent.scenarios import parse_scenario
 from retrograd.agent.types import Observation, ToolSpec
 from retrograd.config.agent import HttpEnvironment as HttpConfig
@@ -166,6 +166,71 @@ def test_timeout_names_the_route(server):
     with pytest.raises(EnvironmentFailure, match=r"POST .*/step: no answer within 0\.2 s"):
         episode.step("add", {"by": 1})
     env.close()
+
+
+def _within(seconds: float, call):
+    """What `call()` returns or raises, run in a thread: a call still running after `seconds`
+    fails the test (it would hang the run) instead of hanging the suite."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_reply_that_drips_forever_times_out_as_a_whole(server):
+    # httpx's timeout bounds each read, not the reply: a byte every 0.05 s kept the trajectory
+    # (and the update it belongs to) waiting forever
+    env = environment(server, request_timeout_secs=0.5)
+    episode = env.open(scenario(), 0)
+    server.drip_step = 0.05
+    try:
+        started = time.monotonic()
+        with pytest.raises(EnvironmentFailure, match=r"POST .*/step: no answer within 0\.5 s"):
+            _within(10, lambda: episode.step("add", {"by": 1}))
+        assert time.monotonic() - started < 3
+    finally:
+        server.drip_step = None
+        env.close()
+
+
+def test_a_reply_larger_than_the_limit_fails_the_trajectory(server):
+    # read whole before: a reply as large as the server cared to send (64 MiB here, endless
+    # from a broken server) was held in the trainer's memory, then cut to max_result_bytes
+    env = environment(server, max_result_bytes=10)
+    episode = env.open(scenario(), 0)
+    limit = reply_limit(env.config)
+    assert limit == 16 << 20  # 16 MiB, or 8 x max_result_bytes when that is more
+    server.raw_step = '{"result": {"content": "' + "x" * (limit + 1) + '"}}'
+    try:
+        with pytest.raises(EnvironmentFailure, match=rf"/step: the answer is over {limit} bytes"):
+            episode.step("add", {"by": 1})
+        server.raw_step = '{"result": {"content": "' + "x" * (limit - 100) + '"}}'
+        assert episode.step("add", {"by": 1}).content == "x" * 10 + TRUNCATED
+    finally:
+        server.raw_step = None
+        env.close()
+
+
+def test_the_reset_observation_is_capped_like_a_result(server):
+    env = environment(server, max_result_bytes=10)
+    server.raw_reset = '{"env_id": "e", "observation": "' + "y" * 50 + '"}'
+    try:
+        episode = env.open(scenario(), 0)
+        assert episode.opening == "y" * 10 + TRUNCATED
+    finally:
+        server.raw_reset = None
+        env.close()
 
 
 def test_an_unreachable_server_names_the_url():
