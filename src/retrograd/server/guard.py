@@ -69,13 +69,16 @@ def problem_response(problem: Problem, trace_id: str, redact: bool) -> JSONRespo
     )
 
 
+# The routes (paths, whole) of event streams; and of requests left untimed besides them.
+_STREAM = re.compile(r"/v1/(?:runs/[^/]+/)?events")
+_UNTIMED = re.compile(r"/v1/runs/[^/]+/(?:artifacts/[^/]+|generate|evaluate)|/v1/chat/completions")
+
+
 def _untimed(path: str, method: str = "GET") -> bool:
     """Event streams, downloads (an adapter may be large), and requests that may wait for a
     run's boundary (a PATCH of a live run too) or a model's load (bounded by
     command_timeout_seconds where a run answers)."""
-    if "/artifacts/" in path or method == "PATCH":
-        return True
-    return path.endswith(("/events", "/generate", "/evaluate", "/chat/completions"))
+    return method == "PATCH" or bool(_STREAM.fullmatch(path) or _UNTIMED.fullmatch(path))
 
 
 class Guard:
@@ -121,7 +124,7 @@ class Guard:
                 return await refuse(_not_from_this_machine())
             if self.token is not None and not self._admitted_by(scope):
                 return await refuse(_unauthorized(scope.get("query_string", b"")))
-        stream = path.endswith("/events")
+        stream = _STREAM.fullmatch(path) is not None
         if not stream and self.max_concurrent is not None and self.active >= self.max_concurrent:
             return await refuse(
                 Problem(
