@@ -1,9 +1,11 @@
 """Read a GGUF file: metadata, tensor infos and memory-mapped tensor bytes.
 
-A thin facade over gguf-py's `GGUFReader`. It knows nothing about torch or about what the
-tensors mean; it turns the reader's field objects into plain Python values, gives tensor
-shapes in row-major (numpy/torch) order, and turns every way a file can be unreadable into a
-`GGUFError` that names the file.
+The header is parsed here with gguf-py's type tables (gguf-py's `GGUFReader` is the tests'
+oracle). It knows nothing about torch or about what the tensors mean; it gives plain Python
+values, tensor shapes in row-major (numpy/torch) order, and turns every way a file can be
+unreadable into a `GGUFError` that names the file: a header is read no further than the file
+holds, whatever counts and sizes it claims (nothing is allocated for them), arrays nested past
+nesting.MAX_DEPTH and a `general.alignment` that is not a positive integer are malformed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from retrograd.errors import GGUFError, UnsupportedError
+from retrograd.nesting import MAX_DEPTH
 
 GGUF_MAGIC = b"GGUF"
 
@@ -108,17 +111,22 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, depth: int = 1):
+        """The value of type `vtype` here; `depth`: arrays it lies in, counted to refuse a
+        header nested past MAX_DEPTH (each level costs 12 bytes: a recursion a small file
+        could exhaust)."""
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
+            if depth > MAX_DEPTH:
+                raise ValueError(f"arrays nested more than {MAX_DEPTH} deep")
             etype = GGUFValueType(self.scalar("<I"))
             count = self.scalar("<Q")
             if etype == GGUFValueType.STRING:
                 return self._strings(count)
             if etype == GGUFValueType.ARRAY:
-                return [self.value(GGUFValueType.ARRAY) for _ in range(count)]
+                return [self.value(GGUFValueType.ARRAY, depth + 1) for _ in range(count)]
             dtype = np.dtype(_NUMPY[etype])
             end = self.pos + count * dtype.itemsize
             if end > len(self.buf):
@@ -133,6 +141,8 @@ class _Cursor:
         buf, pos, out = self.buf, self.pos, []
         unpack, size = struct.unpack_from, len(buf)
         for _ in range(count):
+            if pos + 8 > size:
+                raise EOFError("string array runs past the end of the file")
             (n,) = unpack("<Q", buf, pos)
             pos += 8
             if pos + n > size:
@@ -168,7 +178,9 @@ def _parse_header(buf: memoryview) -> _Header:
         n_dims = cur.scalar("<I")
         ne = tuple(cur.scalar("<Q") for _ in range(n_dims))
         tensors.append((name, ne, cur.scalar("<I"), cur.scalar("<Q")))
-    align = int(metadata.get("general.alignment", 32))
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"general.alignment = {align!r}: must be a positive integer")
     data_start = (cur.pos + align - 1) // align * align
     return _Header(version, metadata, tensors, data_start)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import gguf
 import numpy as np
 import pytest
@@ -85,3 +87,71 @@ def test_unsupported_tensor_type_is_named(tmp_path):
         check_supported(src.tensor("t.weight").ggml_type, where="t.weight")
     with pytest.raises(UnsupportedError, match="f.gguf: tensor t.weight: ggml type F64"):
         retrograd.load(src.path, device="cpu")
+
+
+# -- hostile headers: each a GGUFError naming the file, never a crash or an allocation of the
+# size the header claims ------------------------------------------------------------------
+
+_STRING, _ARRAY, _UINT32, _INT32 = 8, 9, 4, 5
+
+
+def _gguf(tmp_path, kvs: bytes, n_kv: int, n_tensors: int = 0, tail: bytes = b"") -> object:
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + kvs + tail)
+    return path
+
+
+def _key(name: str) -> bytes:
+    return struct.pack("<Q", len(name)) + name.encode()
+
+
+def _nested_arrays(levels: int) -> bytes:
+    # an array of one array of one array ... of no uint32
+    return (
+        _key("x")
+        + struct.pack("<I", _ARRAY)
+        + struct.pack("<IQ", _ARRAY, 1) * (levels - 1)
+        + struct.pack("<IQ", _UINT32, 0)
+    )
+
+
+def test_arrays_nested_a_hundred_thousand_deep_are_malformed_not_a_recursion_error(tmp_path):
+    path = _gguf(tmp_path, _nested_arrays(100_000), 1)
+    with pytest.raises(GGUFError, match=r"hostile\.gguf: malformed GGUF header: .*nested"):
+        GGUFFile(path)
+    shallow = GGUFFile(_gguf(tmp_path, _nested_arrays(3), 1)).get("x")
+    assert len(shallow) == 1 and len(shallow[0]) == 1 and len(shallow[0][0]) == 0
+
+
+def test_a_string_array_cut_inside_a_length_is_truncated(tmp_path):
+    # three strings announced; the file ends four bytes into the second one's length
+    kv = _key("v") + struct.pack("<IIQ", _ARRAY, _STRING, 3) + _key("a") + b"\x01\x00\x00\x00"
+    with pytest.raises(GGUFError, match=r"hostile\.gguf: truncated GGUF"):
+        GGUFFile(_gguf(tmp_path, kv, 1))
+
+
+@pytest.mark.parametrize("alignment", [(_UINT32, 0), (_INT32, -32), (_STRING, "32")])
+def test_an_alignment_that_is_not_a_positive_integer_is_malformed(tmp_path, alignment):
+    kind, value = alignment
+    raw = _key(value) if kind == _STRING else struct.pack("<i" if kind == _INT32 else "<I", value)
+    kv = _key("general.alignment") + struct.pack("<I", kind) + raw
+    with pytest.raises(
+        GGUFError, match=r"hostile\.gguf: malformed GGUF header: general\.alignment"
+    ):
+        GGUFFile(_gguf(tmp_path, kv, 1))
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "n_tensors", "kvs"),
+    [
+        (1 << 62, 0, b""),  # counts no file holds: read until the file ends, never allocated
+        (0, 1 << 62, b""),
+        (1, 0, _key("a") + bytes([_ARRAY, 0, 0, 0, _UINT32, 0, 0, 0]) + b"\xff" * 8),
+        (1, 0, _key("a") + bytes([_ARRAY, 0, 0, 0, _ARRAY, 0, 0, 0]) + b"\xff" * 8),
+        (1, 0, _key("a") + bytes([_ARRAY, 0, 0, 0, _STRING, 0, 0, 0]) + b"\xff" * 8),
+        (1, 0, b"\xff" * 8),  # a key of 2^64 - 1 bytes
+    ],
+)
+def test_counts_past_the_file_are_truncated(tmp_path, n_kv, n_tensors, kvs):
+    with pytest.raises(GGUFError, match=r"hostile\.gguf: truncated GGUF"):
+        GGUFFile(_gguf(tmp_path, kvs, n_kv, n_tensors))
