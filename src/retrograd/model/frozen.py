@@ -41,12 +41,29 @@ class DenseCache:
         self.enabled, self.int8 = enabled, int8
         self._store: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._int8: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._int8_stacks: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def int8_of(self, owner: FrozenTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The 8-bit rows of a 2-D weight, quantized at first use and kept."""
         held = self._int8.get(id(owner))
         if held is None:
             held = self._int8[id(owner)] = owner.quantize_int8()
+        return held
+
+    def int8_stacked(self, owners: list[FrozenTensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 8-bit rows of weights with one input, stacked (one product for q, k, v or gate,
+        up); each weight's own rows become views of the stack, so nothing is held twice."""
+        key = tuple(id(o) for o in owners)
+        held = self._int8_stacks.get(key)
+        if held is None:
+            parts = [self.int8_of(o) for o in owners]
+            held = (torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
+            self._int8_stacks[key] = held
+            start = 0
+            for o in owners:
+                rows = slice(start, start + o.shape[0])
+                self._int8[id(o)] = (held[0][rows], held[1][rows])
+                start = rows.stop
         return held
 
     def get(self, owner: FrozenTensor, dtype: torch.dtype) -> torch.Tensor:
@@ -101,11 +118,14 @@ class DenseCache:
     def clear(self) -> None:
         self._store.clear()
         self._int8.clear()
+        self._int8_stacks.clear()
 
     @property
     def n_bytes(self) -> int:
-        held = [*self._store.values(), *(t for pair in self._int8.values() for t in pair)]
-        return sum(t.numel() * t.element_size() for t in held)
+        pairs = [*self._int8.values(), *self._int8_stacks.values()]
+        held = [*self._store.values(), *(t for pair in pairs for t in pair)]
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+        return sum(own.values())  # a stack's views counted once
 
 
 class FrozenTensor:
@@ -330,11 +350,14 @@ def frozen_linear_group(x: torch.Tensor, weights: list[FrozenTensor]) -> list[to
 
     Packed while sampling (see `packable`); otherwise in 16-bit compute with the cache
     on, from a cached stacked copy that replaces the single ones (one matmul of 1,536 or 4,096
-    rows instead of three or two, and one input gradient instead of a sum of three). Float32,
-    the exactness path, keeps one product per weight.
+    rows instead of three or two, and one input gradient instead of a sum of three); in 8 bits,
+    from the weights' 8-bit rows stacked the same way. Float32, the exactness path, keeps one
+    product per weight.
     """
     grad = torch.is_grad_enabled() and x.requires_grad
     sizes = [w.shape[0] for w in weights]
+    if weights[0].in_int8 and x.dtype != torch.float32:
+        return list(int8_linear(x, *weights[0].cache.int8_stacked(weights)).split(sizes, -1))
     if not grad and packable(x.dtype, x.device, weights[0]):
         packed = weights[0].cache.packed(weights, x.dtype)
         return list(_packed_linear(x, packed, sum(sizes)).split(sizes, -1))

@@ -43,8 +43,11 @@ def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W8 = q * scale rows in `dtype` (a slice of q and scale gives those rows)."""
-    return (q.to(torch.float32) * scale[:, None]).to(dtype)
+    """W8 = q * scale rows in `dtype` (a slice of q and scale gives those rows).
+
+    Computed in `dtype` itself: q (7 bits) and scale (a bf16 number) are exact there, and
+    their product, exact in float32 (15 significant bits), is rounded once either way."""
+    return q.to(dtype) * scale.to(dtype)[:, None]
 
 
 def int8_product(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -141,3 +141,25 @@ def test_the_loader_marks_only_the_file_map_for_release(tiny_model):
     m = load(tiny_model("llama3", "MOSTLY_Q4_K_M"), "int8")
     f = m.decoder.blk[0].attn_q.frozen
     assert f._mapped and not f.to(torch.device("cpu"))._mapped
+
+
+def test_stacked_8_bit_products_equal_one_product_each_and_hold_nothing_twice(tiny_model):
+    """q, k, v as one product over their stacked 8-bit rows (bf16 compute) against one
+    product each; each weight's rows are then views of the stack."""
+    from retrograd.model.frozen import frozen_linear_group
+
+    m = retrograd.load(tiny_model("llama3", "MOSTLY_Q4_K_M"), device="cpu", cache="int8")
+    blk = m.decoder.blk[0]
+    weights = [blk.attn_q.frozen, blk.attn_k.frozen, blk.attn_v.frozen]
+    cache = weights[0].cache
+    x = torch.randn(2, 40, weights[0].shape[1]).bfloat16()
+    alone = [int8_linear(x, *cache.int8_of(w)) for w in weights]
+    held = cache.n_bytes
+    together = frozen_linear_group(x, weights)
+    assert cache.n_bytes == held  # the singles now view the stack
+    for a, b in zip(alone, together, strict=True):
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2 * a.abs().max())
+    q, _ = cache.int8_stacked(weights)
+    assert (
+        cache.int8_of(weights[1])[0].untyped_storage().data_ptr() == q.untyped_storage().data_ptr()
+    )
