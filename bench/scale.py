@@ -13,8 +13,9 @@ is deleted). Then, on each size, each measurement in its own process so that its
 its own, with bench/tuning.py's process tuning and `--threads` threads on every side:
   - SFT, ctx 512, batch 1, LoRA r8 alpha 16 on q k v o gate up down, AdamW: ours (`run_sft`
     from a run file, bench/sft_sides.py) with the dequantized-weight cache on
-    (RETRO_DEQUANT_CACHE=1) and off (=0), and the peer, a plain PEFT + transformers loop in
-    its fastest dtype (bf16 weights where the CPU has fast bf16, else f32) on the same weights
+    (RETRO_DEQUANT_CACHE=1), the weights in 8 bits (=int8) and the cache off (=0), and the
+    peer, a plain PEFT + transformers loop in its fastest dtype (bf16 weights where the CPU
+    has fast bf16, else f32) on the same weights
     (dequantized from the same file by gguf-py); tokens/s is the median step after the
     warm-up, MFU that rate times the FLOPs a trained token costs over the machine's matmul
     rate, measured in the same run (best of 10 torch.mm 2048^3 in bf16 and f32, the faster);
@@ -25,7 +26,8 @@ its own, with bench/tuning.py's process tuning and `--threads` threads on every 
     generation ignored): ours (bench/generate.py's sampler) and llama.cpp decoding as many
     sequences in parallel (bench/llamacpp.py), each alone in its process with its peak RSS.
 Our GRPO and generation runs get the cache `auto` would choose (on when the dense weights fit in
-40% of the memory available), fixed by the driver so that the estimate matches the run.
+40% of the memory available, else the 8-bit store when it fits in 60%, else off), fixed by the
+driver so that the estimate matches the run.
 FLOPs per trained token: 4 x (N + H), N the parameters of the layers' matrices, H those of the
 output product (vocabulary x width; the embedding lookup costs none): 2 per weight forward and 2
 backward (the gradient with respect to the activations; the frozen weights get none, the LoRA's
@@ -70,6 +72,7 @@ FIT = 0.95  # a side runs where its estimate is at most this share of MemAvailab
 SIDES = {
     "sft_on": "SFT ours, dense cache on",
     "sft_off": "SFT ours, dense cache off",
+    "sft_int8": "SFT ours, 8-bit store",
     "sft_peer": "SFT peer, PEFT + transformers",
     "grpo": "GRPO update, ours",
     "gen_ours": "generation, ours",
@@ -102,25 +105,29 @@ def estimates(s: LlamaShape, file_bytes: int, args) -> dict[str, int]:
     dense = dense_bytes(s, args)
     largest = max(r * c for _, r, c in s.matrices())
     ours = file_bytes + int(1.25 * GIB)
+    kept = int8_bytes(s) + int(1.25 * GIB)  # the file's pages leave as each weight is quantized
     sft = activations(s, 512, 512, width)
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     peer_act = 512 * s.n_layer * width * (6 * s.n_embd + 5 * s.n_ff + 3 * q + 4 * kv)
     seq = 128 + args.new  # a prompt and its answer
     kv_rows = 2 * kv * s.n_layer * 4  # keys and values of one position, float32 at most
     batch = max(int(b) for b in args.batches.split(","))
-    cache = dense if auto_cache(s, args) else 0
+    mode = auto_cache(s, args)
+    base = {"1": ours + 2 * dense, "int8": kept, "0": ours}[mode]  # dense: and packed copies
     return {
         "sft_on": ours + dense + sft,
         "sft_off": ours + sft + width * largest,  # the largest product's dense copy, made on use
+        "sft_int8": kept + sft + width * largest,  # and the largest weight's q in bf16
         "sft_peer": width * s.params()
         + peer_act
         + 512 * N_VOCAB * (width + 16)  # the logits, upcast, log-softmax and its gradient
         + int(1.5 * GIB),
-        "grpo": ours
-        + 2 * cache  # the cache and the sampler's packed copies beside it
+        "grpo": base
         + activations(s, args.ctx, seq, width)
         + args.prompts * args.group * (seq * kv_rows + 12 * N_VOCAB),
-        "gen_ours": ours + cache + batch * (args.gen_prompt + args.gen_new) * kv_rows,
+        "gen_ours": base
+        - (dense if mode == "1" else 0)  # packed copies, not both
+        + batch * (args.gen_prompt + args.gen_new) * kv_rows,
         "gen_llama": file_bytes
         + batch * (args.gen_prompt + args.gen_new + 8) * kv_rows // 2  # f16 cache
         + int(0.6 * GIB),
@@ -131,12 +138,23 @@ def dense_bytes(s: LlamaShape, args) -> int:
     return (2 if args.fast_bf16 else 4) * sum(r * c for _, r, c in s.matrices())
 
 
-def auto_cache(s: LlamaShape, args) -> bool:
-    """What the loader's cache = "auto" chooses for this model on this machine now: on where
-    the dense weights fit in its share of MemAvailable."""
-    from retrograd.compute import CACHE_FRACTION
+def int8_bytes(s: LlamaShape) -> int:
+    """The 8-bit store: a byte a weight of the products (the embedding only where it is the
+    head) and a float32 scale a row."""
+    rows = [(n, r, c) for n, r, c in s.matrices() if s.tied or n != "token_embd.weight"]
+    return sum(r * c + 4 * r for _, r, c in rows)
 
-    return dense_bytes(s, args) <= CACHE_FRACTION * host_memory()[1]
+
+def auto_cache(s: LlamaShape, args) -> str:
+    """What the loader's cache = "auto" chooses for this model on this machine now, as
+    RETRO_DEQUANT_CACHE spells it: "1" where the dense weights fit in its share of
+    MemAvailable, else "int8" where the 8-bit store fits in its share, else "0"."""
+    from retrograd.compute import CACHE_FRACTION, INT8_FRACTION
+
+    avail = host_memory()[1]
+    if dense_bytes(s, args) <= CACHE_FRACTION * avail:
+        return "1"
+    return "int8" if int8_bytes(s) <= INT8_FRACTION * avail else "0"
 
 
 def file_size(size: str) -> int:
@@ -214,7 +232,11 @@ def build(size: str, args) -> dict:
 
 def plan(args) -> list[tuple[str, dict]]:
     """(side, extra environment) in the order measured."""
-    sides = [("sft_on", {"RETRO_DEQUANT_CACHE": "1"}), ("sft_off", {"RETRO_DEQUANT_CACHE": "0"})]
+    sides = [
+        ("sft_on", {"RETRO_DEQUANT_CACHE": "1"}),
+        ("sft_int8", {"RETRO_DEQUANT_CACHE": "int8"}),
+        ("sft_off", {"RETRO_DEQUANT_CACHE": "0"}),
+    ]
     if not args.skip_peer:
         sides.append(("sft_peer", {}))
     if not args.skip_grpo:
@@ -227,6 +249,7 @@ def plan(args) -> list[tuple[str, dict]]:
 WORKERS = {
     "sft_on": "sft_ours",
     "sft_off": "sft_ours",
+    "sft_int8": "sft_ours",
     "sft_peer": "sft_peer",
     "grpo": "grpo",
     "gen_ours": "gen_ours",
@@ -243,7 +266,7 @@ def measure(size: str, args) -> dict:
             sys.exit(f"preparing the inputs of {size} failed:\n{inputs['stderr']}")
         for side, env in plan(args):
             if side in ("grpo", "gen_ours"):  # what `auto` chooses now, fixed for the estimate
-                env = {"RETRO_DEQUANT_CACHE": "1" if auto_cache(s, args) else "0"}
+                env = {"RETRO_DEQUANT_CACHE": auto_cache(s, args)}
             est = estimates(s, file_size(size), args)[side]
             avail = host_memory()[1]
             row = {"estimate_bytes": est, "available_bytes": avail, "cache_env": env}
@@ -311,6 +334,16 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
             lines.append(f"{name:<38} FAILED: {m['error']} (estimate {est})")
             continue
         lines += side_rows(side, name, m, est, fpt, peak_flops)
+    rates = {k: r[k].get("tok_s") for k in ("sft_on", "sft_int8", "sft_off") if k in r}
+    if rates.get("sft_on") and (rates.get("sft_int8") or rates.get("sft_off")):
+        lines.append(
+            "against the dense cache's SFT rate (one run each, minutes apart): "
+            + ", ".join(
+                f"{k.removeprefix('sft_')} {v / rates['sft_on']:.0%}"
+                for k, v in rates.items()
+                if v and k != "sft_on"
+            )
+        )
     return lines
 
 
