@@ -95,6 +95,9 @@ DERIVED = [
     },
 ]
 REWARD_SECTIONS = ("ppo", "grpo")
+# What a client sees of a catalogue entry's keys: the `headers` and `env` values it was declared
+# with (a remote MCP server's or an environment's bearer token, a local MCP server's API key).
+HIDDEN = "(declared by the server; hidden)"
 # (section, key, catalogue) of the tables a client names by id
 TABLES = (
     ("grpo", "judge", "judge"),
@@ -259,6 +262,31 @@ def _resolve_catalogue(
             }
     if errors:
         raise Problem("unknown-catalog-id", "the document references undeclared entries", errors)
+
+
+def hide_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's effective config or document as a client is shown it: the values of
+    [agent.environment].headers and of each [[agent.mcp_servers]] entry's `headers` and `env`
+    (only the server's catalogue fills them: a client's own are server-declared) replaced by
+    HIDDEN, their names kept. The run's process reads the real ones from run.json."""
+    agent = config.get("agent")
+    if not isinstance(agent, dict):
+        return config
+    agent = dict(agent)
+    environment = agent.get("environment")
+    if isinstance(environment, dict):
+        agent["environment"] = _hidden(environment, ("headers",))
+    servers = agent.get("mcp_servers")
+    if isinstance(servers, list):
+        agent["mcp_servers"] = [_hidden(s, ("headers", "env")) for s in servers]
+    return {**config, "agent": agent}
+
+
+def _hidden(table: Any, keys: tuple[str, ...]) -> Any:
+    if not isinstance(table, dict):
+        return table
+    hidden = {k: dict.fromkeys(table[k], HIDDEN) for k in keys if isinstance(table.get(k), dict)}
+    return {**table, **hidden}
 
 
 def _declared(entry) -> dict[str, Any]:

@@ -8,8 +8,9 @@ The new run starts from those weights as `[lora] init_adapter`, with a fresh opt
 counter and schedule: what `retrograd train` does with `init_adapter` (a checkpoint's optimizer
 state belongs to its own run and is not carried over). Its document is the one sent, or, with
 `{run}` and no document, the source run's own document (its output and checkpoint folders
-dropped, so the new run gets its own, and so is an [observe] directory); `params` are laid
-over it either way. The adapter fixes
+dropped, so the new run gets its own, and so is an [observe] directory; what the server's
+catalogue filled in referenced by its id again, to be resolved anew); `params` are laid over it
+either way. The adapter fixes
 rank, alpha, seed, targets and dtype, so those keys are dropped from `[lora]`.
 """
 
@@ -94,14 +95,45 @@ def _adapter(record: RunRecord, checkpoint: str | None) -> Path | None:
 
 
 def _own_document(record: RunRecord) -> dict[str, Any]:
-    """The source run's document without the folders that were its own."""
+    """The source run's document without the folders that were its own, and with what the
+    server's catalogue filled in referenced by id again (`_references`)."""
     document = copy.deepcopy(record.document)
     for derived in ("output", "checkpoint"):
         document.pop(derived, None)
     observe = document.get("observe")
     if isinstance(observe, dict):  # a recipe's trajectories went to its own folder
         observe.pop("directory", None)
+    _references(document, record.provenance)
     return document
+
+
+_CATALOGUED = re.compile(r"\[\[(\w+)\]\] (.+)")  # a provenance reason: "[[judge]] gemma"
+
+
+def _references(document: dict[str, Any], provenance: dict[str, dict[str, str]]) -> None:
+    """Each catalogue entry the server resolved into `document` (its provenance says which:
+    `[[reward]] plurals` at grpo.reward_command, `[[mcp_server]] files` at
+    agent.mcp_servers.0) made its `{"id": ...}` reference again, as the client sent it: the
+    resolved tables are the operator's to declare, and the fork resolves them anew."""
+    for place, origin in provenance.items():
+        found = _CATALOGUED.fullmatch(origin.get("reason", ""))
+        if found is None:
+            continue
+        *parents, last = place.split(".")
+        table: Any = document
+        for key in parents:
+            table = table[int(key)] if isinstance(table, list) else table.get(key, {})
+        reference = {"id": found[2]}
+        if last == "reward_command":  # with reward_mode and, unless the client set it, the timeout
+            section = parents[0]
+            for key in ("reward_command", "reward_mode", "reward_timeout_seconds"):
+                if provenance.get(f"{section}.{key}", {}).get("source") != "override":
+                    table.pop(key, None)
+            table["reward"] = reference
+        elif isinstance(table, list):
+            table[int(last)] = reference
+        else:
+            table[last] = reference
 
 
 def apply(document: dict[str, Any], adapter: Path, run_dir: Path) -> dict[str, Any]:

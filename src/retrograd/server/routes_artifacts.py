@@ -8,16 +8,19 @@ listings when the server redacts them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
+from retrograd.server.documents import hide_keys
 from retrograd.server.guard import BoundedRoute
 from retrograd.server.problems import Problem, not_found
 from retrograd.server.routes_runs import find_run, server_state
 from retrograd.server.store import RunRecord, iso
+from retrograd.text import json_dumps
 
 router = APIRouter(tags=["artifacts"], route_class=BoundedRoute)
 
@@ -88,11 +91,27 @@ async def artifact(
 ):
     """The artifact's file. Without the token only through a signed link, which the guard
     checks before this runs (links.py): here the request is allowed either way."""
-    found = _downloadable(request, find_run(request, run_id), name)
+    record = find_run(request, run_id)
+    found = _downloadable(request, record, name)
     suffix = {"adapter": ".gguf", "run": ".json", "events": ".jsonl"}.get(name, "")
-    return FileResponse(
-        found["path"], filename=f"{run_id}-{name}{suffix}", media_type="application/octet-stream"
-    )
+    filename = f"{run_id}-{name}{suffix}"
+    if name == "run":  # run.json as its view shows it: the catalogue's keys hidden
+        return Response(
+            _run_json(found["path"]),
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        )
+    return FileResponse(found["path"], filename=filename, media_type="application/octet-stream")
+
+
+def _run_json(path: str) -> bytes:
+    """run.json with the values of the catalogue's headers and env hidden (documents.hide_keys)
+    in its effective config and its document."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    for key in ("effective_config", "document"):
+        if isinstance(data.get(key), dict):
+            data[key] = hide_keys(data[key])
+    return json_dumps(data, indent=1).encode("utf-8")
 
 
 @router.post("/runs/{run_id}/artifacts/{name}/link")

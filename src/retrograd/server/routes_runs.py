@@ -25,7 +25,7 @@ from retrograd.config.load import parse_toml
 from retrograd.errors import ConfigError
 from retrograd.nesting import TooDeep
 from retrograd.server import forks
-from retrograd.server.documents import PATCHABLE, check_file, merge, prepare
+from retrograd.server.documents import PATCHABLE, check_file, hide_keys, merge, prepare
 from retrograd.server.guard import BoundedRoute, read_json_object, refuse_unwritable
 from retrograd.server.problems import (
     FieldError,
@@ -77,7 +77,7 @@ def view(record: RunRecord, runs) -> dict[str, Any]:
         **summary(record, runs),
         "objective": record.objective,
         "observed": record.observed,
-        "effective_config": record.effective_config,
+        "effective_config": hide_keys(record.effective_config),
         "provenance": record.provenance,
         "plan": record.plan,
     }
@@ -226,7 +226,7 @@ async def planned(request: Request, prepared, limits=None, applied=None) -> dict
 
 def _dry(prepared, plan) -> dict[str, Any]:
     return {
-        "effective_config": prepared.config.model_dump(mode="json", exclude_none=True),
+        "effective_config": hide_keys(prepared.config.model_dump(mode="json", exclude_none=True)),
         "provenance": prepared.provenance,
         "plan": plan,
     }

@@ -70,3 +70,31 @@ def test_a_run_that_trains_base_tensors_is_not_forked(tmp_path):
     with pytest.raises(Problem) as refused:
         forks.source({"run": "run_1"}, store, load_server_config(None, environ={}))
     assert refused.value.kind == "conflict"
+
+
+@pytest.mark.parametrize("client_timeout", [False, True])
+def test_a_fork_references_the_catalogue_entries_its_source_was_given(tmp_path, client_timeout):
+    # the source's document holds them resolved (its process runs them); the fork's goes
+    # through the server's checks again, where a reward_command is the client's own: refused
+    source = record(tmp_path)
+    source.document["grpo"] = {
+        "prompts": "p.jsonl",
+        "reward_command": ["python3", "/srv/plural_reward.py"],
+        "reward_mode": "batch",
+        "reward_timeout_seconds": 7 if client_timeout else 30,
+        "judge": {"type": "ruler", "base_url": "http://127.0.0.1:8080/v1", "model": "gemma"},
+    }
+    source.provenance = {
+        "grpo.prompts": {"source": "override"},
+        "grpo.reward_command": {"source": "derived", "reason": "[[reward]] plurals"},
+        "grpo.judge": {"source": "derived", "reason": "[[judge]] gemma"},
+    }
+    if client_timeout:
+        source.provenance["grpo.reward_timeout_seconds"] = {"source": "override"}
+    store = SimpleNamespace(runs={"run_1": source})
+    _, theirs, _ = forks.source({"run": "run_1"}, store, load_server_config(None, environ={}))
+    expected = {"prompts": "p.jsonl", "reward": {"id": "plurals"}, "judge": {"id": "gemma"}}
+    if client_timeout:
+        expected["reward_timeout_seconds"] = 7
+    assert theirs["grpo"] == expected
+    assert source.document["grpo"]["reward_mode"] == "batch"  # the source's own is untouched
