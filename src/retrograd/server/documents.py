@@ -9,7 +9,8 @@ document laid over it). Before the run-file loader sees it, this module
 - fills what a served run needs and a file run leaves to its author: [output].path and a
   [checkpoint] under the run's own folder, so that every run can be resumed and downloaded;
 - validates with the loader (every problem at once, as `errors[]`);
-- checks every path against `path_roots` and `allow_local_paths` (`forbidden-path`).
+- checks every path against `path_roots` and `allow_local_paths`, and every output against
+  the server's state directory (`forbidden-path`).
 The result records where each top-level value came from (provenance). Nothing here runs a loop.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from retrograd.checkpoint.outputs import NOT_INPUTS
+from retrograd.checkpoint.outputs import NOT_INPUTS, OUTPUT_KEYS
 from retrograd.config import RunConfig, validate_run
 from retrograd.errors import ConfigError
 from retrograd.server.config import ServerConfig
@@ -392,14 +393,26 @@ def check_paths(
     operator: list[str] = (),
 ) -> None:
     """Every path of the run inside a path root (the run's own folder always is), none at all
-    when the server does not take local paths; then every file the run reads must exist.
+    when the server does not take local paths, no output in the server's state directory but
+    in the run's folder (own[0]); then every file the run reads must exist.
     `operator`: the places ("agent.environment") the server's catalogue filled, whose paths
     are the operator's."""
     errors = []
+    run_dir = own[0] if own else None
     for place, path in config_paths(config):
+        key = ".".join(str(p) for p in place)
+        if tuple(place[:2]) in OUTPUT_KEYS and _of_the_state(path, server, run_dir):
+            errors.append(
+                FieldError(
+                    pointer(*prefix, *place),
+                    "forbidden_path",
+                    f"{key} = {path}: inside the server's state directory (runs, datasets); "
+                    "a run writes there only in its own folder",
+                )
+            )
+            continue
         if any(inside(path, folder) for folder in own):  # the run's folder, the datasets
             continue
-        key = ".".join(str(p) for p in place)
         if any(key == o or key.startswith(o + ".") for o in operator):
             continue
         where = pointer(*prefix, *place)
@@ -426,6 +439,14 @@ def check_paths(
     ]
     if missing:
         raise Problem("invalid-request", "the document names files that do not exist", missing)
+
+
+def _of_the_state(path: Path, server: ServerConfig, run_dir: Path | None) -> bool:
+    """Whether an output lies in the server's state directory but not in the run's folder:
+    there it would replace another run's record or files, or an uploaded dataset's bytes."""
+    if not inside(path, Path(server.state_dir)):
+        return False
+    return run_dir is None or not inside(path, run_dir)
 
 
 def marked_schema() -> dict[str, Any]:

@@ -159,3 +159,59 @@ def test_agentic_runs_name_judges_environments_and_mcp_servers_by_id(tmp_path):
     assert [(e.pointer, e.code) for e in caught.value.errors] == [
         ("/config/agent/mcp_servers/1/id", "unknown_catalog_id")
     ]
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "where"),
+    [
+        ("output", {"path": "state/run_0/run.json"}, "/config/output/path"),  # another run's record
+        ("output", {"path": "state/datasets/ds_0/data.txt"}, "/config/output/path"),  # a dataset
+        (
+            "checkpoint",
+            {"directory": "state/datasets", "mode": "steps", "every_steps": 1},
+            "/config/checkpoint/directory",
+        ),
+        (
+            "checkpoint",
+            {"directory": "state", "mode": "steps", "every_steps": 1},
+            "/config/checkpoint/directory",
+        ),
+        ("metrics", {"tensorboard_dir": "state/run_0"}, "/config/metrics/tensorboard_dir"),
+    ],
+)
+def test_a_run_writes_nothing_of_the_servers_own_state_but_its_folder(
+    tmp_path, section, value, where
+):
+    # with the state directory inside a path root, a run's outputs could replace another run's
+    # run.json or an uploaded dataset's bytes (its id the sha256 of others)
+    from retrograd.server.datasets import Datasets
+
+    state = tmp_path / "state"
+    (state / "run_0").mkdir(parents=True)
+    (state / "datasets" / "ds_0").mkdir(parents=True)
+    for name in ("m.gguf", "d.txt"):
+        (tmp_path / name).write_bytes(b"")
+    config = server(tmp_path, f'path_roots = ["{tmp_path}"]\nstate_dir = "{state}"\n')
+    datasets = Datasets(state / "datasets", 1 << 20, 1 << 30)
+    document = {**SFT, section: {k: _at(tmp_path, v) for k, v in value.items()}}
+    with pytest.raises(Problem) as caught:
+        prepare(document, None, config, state / "run_1", datasets=datasets)
+    assert caught.value.kind == "forbidden-path"
+    assert [(e.pointer, e.code) for e in caught.value.errors] == [(where, "forbidden_path")]
+    assert "the server's state directory" in caught.value.errors[0].message
+    ok = {**SFT, "output": {"path": str(tmp_path / "out" / "a.gguf")}}  # elsewhere in the root
+    assert prepare(ok, None, config, state / "run_1", datasets=datasets).config.output.path.name
+
+
+SFT = {
+    "run": {"algorithm": "sft"},
+    "model": {"path": "m.gguf"},
+    "lora": {"rank": 2},
+    "sft": {"data": "d.txt"},
+}
+
+
+def _at(root, value):
+    return (
+        str(root / value) if isinstance(value, str) and "/" in value or value == "state" else value
+    )
