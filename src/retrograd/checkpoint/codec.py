@@ -10,11 +10,12 @@ and is written last. This module writes into a directory it is given; atomicity 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgpack
@@ -188,22 +189,45 @@ def _manifest(directory: Path, checkpoint_id: str, state: CheckpointState) -> di
 
 
 def read_state(directory: Path, *, verify: bool = True) -> CheckpointState:
-    """Read a complete `.state` directory; sizes (and with `verify`, sha256) are checked."""
+    """Read a complete `.state` directory; sizes (and with `verify`, sha256) are checked. A
+    record of the wrong shape (a field missing or unknown, a value of the wrong type), or a
+    file named out of the directory, is a CheckpointError naming the checkpoint: what it
+    holds may have been written by anyone."""
     manifest = read_manifest(directory)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(
             f"{directory}: checkpoint format version {version}; this Retrograd reads {FORMAT_VERSION}"
         )
-    _check_files(directory, manifest["files"], verify)
+    try:
+        _check_files(directory, manifest["files"], verify)
+        return _state(directory, manifest)
+    except _Malformed as e:
+        cause = e.__cause__
+        raise CheckpointError(
+            f"{directory}: malformed checkpoint: {e.args[0]}: {type(cause).__name__}: {cause}"
+        ) from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(
+            f"{directory}: malformed checkpoint: {MANIFEST}: {type(e).__name__}: {e}"
+        ) from None
+
+
+class _Malformed(Exception):
+    """A record of a checkpoint that does not read as its type; args[0] names the file."""
+
+
+def _state(directory: Path, manifest: dict) -> CheckpointState:
+    for name in manifest["artifacts"]:
+        _inside(name, ARTIFACTS)
     return CheckpointState(
         architecture=manifest["architecture"],
-        progress=Progress(**_record(directory, "progress.msgpack")),
+        progress=_typed(directory, "progress.msgpack", Progress),
         identity=_identity(manifest),
-        scheduler=SchedulerState(**_record(directory, "scheduler.msgpack")),
+        scheduler=_typed(directory, "scheduler.msgpack", SchedulerState),
         optimizer=_read_optimizer(directory),
-        rng=RngState(**_record(directory, "rng.msgpack")),
-        dataset=DatasetPosition(**_record(directory, "dataset.msgpack")),
+        rng=_typed(directory, "rng.msgpack", RngState),
+        dataset=_typed(directory, "dataset.msgpack", DatasetPosition),
         adapter=_read_adapter(directory, manifest["adapter"]),
         trainable=_read_trainable(directory) if manifest["trainable"] else None,
         trainable_plan=manifest["trainable_policy"],
@@ -211,8 +235,16 @@ def read_state(directory: Path, *, verify: bool = True) -> CheckpointState:
     )
 
 
+def _inside(rel: str, where: str = "") -> None:
+    """ValueError unless `rel` names a file inside the checkpoint (relative, no `..`)."""
+    pure = PurePosixPath(f"{where}/{rel}" if where else rel) if isinstance(rel, str) else None
+    if pure is None or pure.is_absolute() or ".." in pure.parts:
+        raise ValueError(f"{rel!r} names a file outside the checkpoint")
+
+
 def _check_files(directory: Path, files: dict, verify: bool) -> None:
     for rel, meta in files.items():
+        _inside(rel)
         path = directory / rel
         if not path.is_file() or path.stat().st_size != meta["bytes"]:
             raise CheckpointError(
@@ -223,7 +255,21 @@ def _check_files(directory: Path, files: dict, verify: bool) -> None:
 
 
 def _record(directory: Path, name: str) -> dict:
-    return unpack((directory / name).read_bytes())
+    try:
+        record = unpack((directory / name).read_bytes())
+    except (ValueError, msgpack.UnpackException) as e:
+        raise _Malformed(name) from e
+    if not isinstance(record, dict):
+        raise _Malformed(name) from TypeError("not a map")
+    return record
+
+
+def _typed(directory: Path, name: str, kind: type):
+    """kind(**the record `name`); _Malformed naming it when its fields are not kind's."""
+    try:
+        return kind(**_record(directory, name))
+    except TypeError as e:
+        raise _Malformed(name) from e
 
 
 def _identity(m: dict) -> Identity:
@@ -242,14 +288,20 @@ def _read_optimizer(directory: Path) -> OptimizerState:
     rec = _record(directory, "optimizer.msgpack")
     blob = (directory / OPTIMIZER_BIN).read_bytes()
     slots = []
-    for scope, owner, slot, dtype, shape, offset, n_bytes in rec["slots"]:
-        expected = int(np.prod(shape, dtype=np.int64)) * SLOT_ITEMSIZE.get(dtype, -1)
-        if n_bytes != expected or offset + n_bytes > len(blob):
-            raise CheckpointError(f"{directory}: optimizer slot {owner}/{slot} is malformed")
-        data = blob[offset : offset + n_bytes]
-        slots.append(Slot(scope, owner, slot, dtype, tuple(shape), data))
-    groups = tuple(rec["groups"])
-    return OptimizerState(rec["kind"], rec["hyper"], groups, tuple(slots))
+    try:
+        for scope, owner, slot, dtype, shape, offset, n_bytes in rec["slots"]:
+            sizes = [offset, *shape]
+            if not all(isinstance(n, int) and n >= 0 for n in sizes):
+                raise ValueError(f"slot {owner}/{slot}: offset and shape must be integers >= 0")
+            expected = math.prod(shape) * SLOT_ITEMSIZE.get(dtype, -1)
+            if n_bytes != expected or offset + n_bytes > len(blob):
+                raise CheckpointError(f"{directory}: optimizer slot {owner}/{slot} is malformed")
+            data = blob[offset : offset + n_bytes]
+            slots.append(Slot(scope, owner, slot, dtype, tuple(shape), data))
+        groups = tuple(rec["groups"])
+        return OptimizerState(rec["kind"], rec["hyper"], groups, tuple(slots))
+    except (KeyError, TypeError, ValueError) as e:
+        raise _Malformed("optimizer.msgpack") from e
 
 
 def _gguf_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -142,9 +142,12 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
 def read_manifest(path: Path) -> dict:
     try:
-        return msgpack.unpackb((path / MANIFEST).read_bytes(), raw=False, strict_map_key=False)
+        manifest = msgpack.unpackb((path / MANIFEST).read_bytes(), raw=False, strict_map_key=False)
     except (OSError, ValueError, msgpack.UnpackException) as e:
         raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path / MANIFEST}: unreadable manifest (not a map)")
+    return manifest
 
 
 def sweep_temporaries(directory: Path) -> None:

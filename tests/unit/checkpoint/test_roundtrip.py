@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import msgpack
 import numpy as np
@@ -152,3 +153,62 @@ def test_bad_paths_are_refused(tmp_path):
         load_checkpoint(tmp_path / "step-000000000001.state")
     with pytest.raises(CheckpointError, match="expected a .state"):
         load_checkpoint(tmp_path / "model.bin")
+
+
+def _rewrite(path, name, change):
+    """The record `name` changed; the manifest's size and sha256 of it follow."""
+    record = msgpack.unpackb((path / name).read_bytes(), strict_map_key=False)
+    (path / name).write_bytes(data := pack(change(record)))
+    if name != "manifest.msgpack":
+        entry = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        _rewrite(path, "manifest.msgpack", lambda m: m | {"files": m["files"] | {name: entry}})
+
+
+HOSTILE_MANIFESTS = [
+    ("a list", lambda m: [1, 2]),
+    ("no files", lambda m: {k: v for k, v in m.items() if k != "files"}),
+    ("files a list", lambda m: m | {"files": [1]}),
+    ("no architecture", lambda m: {k: v for k, v in m.items() if k != "architecture"}),
+    ("an artifact out of its folder", lambda m: m | {"artifacts": ["../../manifest.msgpack"]}),
+    ("a file out of the folder", lambda m: m | {"files": {"../outside": {"bytes": 1}}}),
+    ("an absolute file", lambda m: m | {"files": {"/etc/hostname": {"bytes": 1}}}),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "change"), HOSTILE_MANIFESTS, ids=[h[0] for h in HOSTILE_MANIFESTS]
+)
+def test_a_hostile_manifest_is_a_checkpoint_error_naming_it(tmp_path, what, change):
+    # a checkpoint someone handed over, or one a bug or a disk damaged: a clear refusal, never
+    # a KeyError out of a resume, nor a file read from outside the checkpoint
+    path = save_checkpoint(tmp_path, "best", make_state(1))
+    _rewrite(path, "manifest.msgpack", change)
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path, verify=False)
+    assert str(path) in str(refused.value)
+
+
+def test_a_hostile_record_is_a_checkpoint_error_naming_it(tmp_path):
+    path = save_checkpoint(tmp_path, "best", make_state(1))
+    _rewrite(path, "progress.msgpack", lambda r: r | {"surprise": 1})
+    with pytest.raises(
+        CheckpointError, match=r"malformed checkpoint: progress\.msgpack: TypeError"
+    ):
+        load_checkpoint(path)
+    _rewrite(path, "progress.msgpack", lambda r: [r])
+    with pytest.raises(CheckpointError, match=r"progress\.msgpack: TypeError: not a map"):
+        load_checkpoint(path)
+
+
+def test_an_optimizer_slot_claiming_a_size_it_lacks_is_refused(tmp_path):
+    # a shape whose element count wraps 64 bits to the bytes it names, a negative offset
+    path = save_checkpoint(tmp_path, "best", make_state(1))
+    record = msgpack.unpackb((path / "optimizer.msgpack").read_bytes(), strict_map_key=False)
+    scope, owner, slot, dtype, shape, offset, n_bytes = record["slots"][0]
+    assert (dtype, shape, n_bytes) == ("f32", [4, 32], 512)
+    for bad in ([(1 << 62) + 32, 4], shape):  # (2^64 + 128) x 4 bytes: 512 in 64 bits
+        at = -n_bytes if bad is shape else offset
+        slots = [[scope, owner, slot, dtype, bad, at, n_bytes], *record["slots"][1:]]
+        _rewrite(path, "optimizer.msgpack", lambda r, slots=slots: r | {"slots": slots})
+        with pytest.raises(CheckpointError, match=r"optimizer"):
+            load_checkpoint(path)
