@@ -1,10 +1,11 @@
 """Measurements that load a model, each in a process of its own so the server never holds
 weights for them: `retrograd preflight` as JSON, and a plan's calibration.
 
-    python -m retrograd.server.probe preflight '{"model": ..., "device": ..., "targets": [...]}'
-    python -m retrograd.server.probe calibrate '{"document": {...}, "base_dir": ...}'
+    echo '{"model": ..., "device": ..., "targets": [...]}' | python -m retrograd.server.probe preflight
+    echo '{"document": {...}, "base_dir": ...}' | python -m retrograd.server.probe calibrate
 
-Each prints one JSON object on stdout: the answer, or {"error": "..."}.
+The request is JSON on stdin (a command-line argument holds 128 KiB at most); each prints one
+JSON object on stdout: the answer, or {"error": "..."}.
 
 `preflight` is the CLI's check (trainable/preflight.py): one forward and backward through fresh
 LoRA adapters on the targets with 16 tokens, every operation's device recorded.
@@ -81,7 +82,8 @@ def calibrate(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    kind, request = argv[0], json.loads(argv[1])
+    """`argv`: the kind (preflight, calibrate); the request is JSON on stdin."""
+    kind, request = argv[0], json.loads(sys.stdin.buffer.read())
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write on the answer's stream
     try:

@@ -260,12 +260,15 @@ async def run_probe(request: Request, kind: str, body: dict[str, Any]) -> dict[s
         "-m",
         "retrograd.server.probe",
         kind,
-        json.dumps(body),
+        stdin=asyncio.subprocess.PIPE,  # the request: an argument holds 128 KiB at most
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )
+    request = json.dumps(body).encode("utf-8")
     try:
-        out, _ = await asyncio.wait_for(process.communicate(), state.config.command_timeout_seconds)
+        out, _ = await asyncio.wait_for(
+            process.communicate(request), state.config.command_timeout_seconds
+        )
     except TimeoutError:
         process.kill()
         await process.wait()
