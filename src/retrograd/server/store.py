@@ -3,7 +3,8 @@
 A `RunRecord` is the run's whole visible state; `RunStore.save` rewrites run.json through a
 temporary file and a rename on every change, `EventLog.append` gives each event the run's next
 `seq` (from 1, gapless) and appends it to events.jsonl, flushed per line, before anyone sees it.
-On start, `RunStore.load` reads every run back and marks those that were live `interrupted`.
+On start, `RunStore.load` reads every run back (one whose run.json names another id than its
+folder's is not ours, and left alone) and marks those that were live `interrupted`.
 Nothing here starts a process or knows HTTP; callers hold `RunStore.lock` around changes.
 """
 
@@ -164,6 +165,8 @@ class RunStore:
                 record = RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, TypeError):
                 continue  # not a run of ours, or unreadable: left alone
+            if record.id != path.parent.name:
+                continue  # its id names the folder every write and DELETE touches: not ours
             self.runs[record.id] = record
             self.logs[record.id] = EventLog(path.parent / "events.jsonl")
             if record.status not in FINISHED:

@@ -1,0 +1,25 @@
+"""The state directory read back (store.py): what a run.json must say to be loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retrograd.server.store import RunRecord, RunStore
+
+
+@pytest.mark.parametrize("claimed", ["..", "run_other", "run_1/../../x", ""])
+def test_a_run_record_is_loaded_only_under_its_own_id(tmp_path, claimed):
+    # the id in run.json names the folder every later write and DELETE touches: a record
+    # claiming ".." made DELETE /v1/runs/%2e%2e remove the state directory's parent
+    good = RunRecord(
+        id="run_1", name=None, status="completed", algorithm="sft", model="m", created_at=0
+    )
+    (tmp_path / "run_1").mkdir()
+    (tmp_path / "run_1" / "run.json").write_text(json.dumps(good.to_json()))
+    (tmp_path / "run_2").mkdir()
+    (tmp_path / "run_2" / "run.json").write_text(json.dumps(good.to_json() | {"id": claimed}))
+    store = RunStore(tmp_path)
+    store.load()
+    assert list(store.runs) == ["run_1"]
