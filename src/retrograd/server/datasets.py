@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from retrograd.server.store import iso, now_ms, write_atomic
 from retrograd.text import json_dumps
 
 FORMATS = ("auto", "text", "jsonl", "preference-jsonl")
+_ID = re.compile(r"ds_[0-9a-f]{64}")  # a dataset's id: its bytes' sha256
 CTX_MARKS = (128, 256, 512, 1024, 2048, 4096, 8192)  # truncation reported at these contexts
 _MAX_SHOWN = 5  # bad lines reported in one answer
 
@@ -199,8 +201,10 @@ class Datasets:
             return view, True
 
     def view(self, dataset_id: str) -> dict | None:
+        """The dataset's view; None when `dataset_id` is not the id of one stored here (only
+        `ds_` + a sha256 is: a run document's "ds_<id>/../x" names no dataset)."""
         path = self.folder(dataset_id) / "dataset.json"
-        if not dataset_id.startswith("ds_") or not path.is_file():
+        if not _ID.fullmatch(dataset_id) or not path.is_file():
             return None
         return json.loads(path.read_text(encoding="utf-8"))
 

@@ -23,3 +23,18 @@ def test_a_run_record_is_loaded_only_under_its_own_id(tmp_path, claimed):
     store = RunStore(tmp_path)
     store.load()
     assert list(store.runs) == ["run_1"]
+
+
+def test_only_a_datasets_own_id_names_a_dataset(tmp_path):
+    # a string starting "ds_" in a run document is looked up as a dataset: "ds_<id>/../../x"
+    # read x/dataset.json wherever x was (a list there was a 500 TypeError)
+    from retrograd.server.datasets import Datasets
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "dataset.json").write_text("[]")
+    datasets = Datasets(tmp_path / "datasets", 1 << 20, 1 << 30)
+    (tmp_path / "datasets").mkdir()
+    view, _ = datasets.add(b"hello\n", "text/plain", "auto", None)
+    assert datasets.view(view["id"]) == view
+    assert datasets.view(view["id"] + "/../../x") is None  # was [], then a 500
+    assert datasets.view("ds_" + "0" * 64) is None
