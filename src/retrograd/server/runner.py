@@ -126,7 +126,9 @@ class Runs:
     def _supervise(self, live: Live) -> None:
         for line in live.process.stdout:
             try:
-                message = json.loads(line)
+                # NaN and the infinities a process reports (eval/loss of a held-out set without
+                # a trained token) are null: no JSON answer, view or event frame carries them
+                message = json.loads(line, parse_constant=lambda _: None)
             except json.JSONDecodeError:
                 continue
             with self.store.lock:

@@ -103,3 +103,42 @@ def test_the_openai_route_refuses_them_in_its_own_error_shape(client):
         assert r.status_code == 400, r.text[:300]
         error = r.json()["error"]
         assert error["code"] == "invalid_json" and "digits" in error["message"], error
+
+
+def test_a_runs_value_that_is_not_finite_is_answered_as_null(client):
+    # a run's process reports NaN (eval/loss of a held-out set without a trained token) or an
+    # infinity (a perplexity past a float): the run's view, the runs' listing and its metrics
+    # were a 500 from then on, and its event frames were not JSON
+    from types import SimpleNamespace
+
+    from retrograd.server.runner import Live
+    from retrograd.server.store import RunRecord, now_ms
+
+    app = client.app
+    run = "run_00000000000a1b2c5"
+    record = RunRecord(
+        id=run, name=None, status="running", algorithm="sft", model="m", created_at=now_ms()
+    )
+    lines = [
+        '{"type": "evaluation", "global_step": 1, "values": {"eval/loss": NaN}, "improved": false}',
+        '{"type": "progress", "iteration": 1, "global_step": 1, "train_loss": Infinity}',
+        '{"type": "metrics", "iteration": 1, "global_step": 1, "values": {"x": -Infinity}}',
+    ]
+    process = SimpleNamespace(stdout=iter(line + "\n" for line in lines), wait=lambda: 0)
+    with app.state.store.lock:
+        app.state.store.add(record)
+    live = Live(record, process)
+    live.reported = "completed"
+    app.state.runs._supervise(live)  # reads the lines as the process's supervisor does
+
+    strict = {"parse_constant": lambda c: pytest.fail(f"{c} in an answer")}
+    for path in (f"/v1/runs/{run}", "/v1/runs", f"/v1/runs/{run}/metrics"):
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.text[:300])
+        json.loads(r.text, **strict)
+    view = client.get(f"/v1/runs/{run}").json()
+    assert view["progress"].get("eval_loss") is None and view["progress"]["train_loss"] is None
+    for event in app.state.store.logs[run].since(0):
+        json.loads(json.dumps(event, allow_nan=False))  # every event is JSON
+    events = client.get(f"/v1/runs/{run}/events").text
+    assert "NaN" not in events and "Infinity" not in events
