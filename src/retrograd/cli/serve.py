@@ -3,8 +3,10 @@
 The weights are the adapter the run file trains unless --adapter, --checkpoint (the adapter
 exported beside a .state directory) or --base-only says otherwise; the base model is served
 beside it as `base`. The model is loaded before the server answers. Binding anything but a
-loopback address requires --api-key, which clients send as `Authorization: Bearer KEY`;
-without it, only requests from this machine are answered (no web page of another origin).
+loopback address requires --api-key (or RETROGRAD_API_KEY in the environment: a flag is in
+every process listing, which every user of the machine reads), which clients send as
+`Authorization: Bearer KEY`; without a key, only requests from this machine are answered (no
+web page of another origin).
 --port 0 picks a free port; the address is printed once the server listens.
 Requests join one live batch of at most --max-sequences answers at the next decode step;
 up to --max-queue more wait, and beyond that a request gets 503 with Retry-After.
@@ -17,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 
@@ -24,6 +27,8 @@ from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError
 from retrograd.openai_app import MAX_QUEUE, MAX_SEQUENCES
 from retrograd.server.config import is_loopback
+
+KEY_ENV = "RETROGRAD_API_KEY"  # the key, where `ps` does not show it
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key",
         metavar="KEY",
         help="required from clients as a Bearer token (without it: requests from this "
-        "machine only, none from a web page of another origin)",
+        f"machine only, none from a web page of another origin); default: ${KEY_ENV}, which "
+        "no process listing shows",
     )
     p.add_argument(
         "--model-name", metavar="NAME", help="the model id (default: the adapter's file name)"
@@ -75,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
     from retrograd.openai_app.weights import load_for_generation, resolve_adapter
 
     cfg = load_run(args.config, model=args.model, device=args.device)
-    if not is_loopback(args.host) and not args.api_key:
-        raise ConfigError(f"--host {args.host}: binding beyond loopback requires --api-key")
+    api_key = args.api_key or os.environ.get(KEY_ENV) or None
+    if not is_loopback(args.host) and not api_key:
+        raise ConfigError(
+            f"--host {args.host}: binding beyond loopback requires --api-key or {KEY_ENV}"
+        )
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: must be 0 to 65535")
     if args.max_sequences < 1:
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     loaded = load_for_generation(cfg, adapter, args.ctx, args.device)
     name = args.model_name or (adapter.name if adapter else loaded.model.gguf.path.name)
-    return serve(loaded, name, sock, args.api_key, args.max_sequences, args.max_queue)
+    return serve(loaded, name, sock, api_key, args.max_sequences, args.max_queue)
 
 
 def bind_socket(host: str, port: int, where: str | None = None) -> socket.socket:
