@@ -56,9 +56,11 @@ def new_run_id() -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """`text` to `path` through a temporary name in the same folder and a rename."""
+    """`text` to `path` through a temporary name in the same folder and a rename, readable
+    by this user alone (a run's record holds the keys the catalogue resolved for it)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as out:
         out.write(text)
         out.flush()
         os.fsync(out.fileno())

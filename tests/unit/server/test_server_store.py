@@ -38,3 +38,15 @@ def test_only_a_datasets_own_id_names_a_dataset(tmp_path):
     assert datasets.view(view["id"]) == view
     assert datasets.view(view["id"] + "/../../x") is None  # was [], then a 500
     assert datasets.view("ds_" + "0" * 64) is None
+
+
+def test_a_runs_record_is_readable_by_the_servers_user_alone(tmp_path):
+    # run.json holds what the catalogue resolved for the run's process: an MCP server's or an
+    # environment's headers and env (their keys), which the listings and views hide
+    store = RunStore(tmp_path)
+    record = RunRecord(
+        id="run_1", name=None, status="queued", algorithm="sft", model="m", created_at=0
+    )
+    store.add(record)
+    store.transition(record, "running")
+    assert (tmp_path / "run_1" / "run.json").stat().st_mode & 0o077 == 0
