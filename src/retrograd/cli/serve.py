@@ -6,7 +6,7 @@ beside it as `base`. The model is loaded before the server answers. Binding anyt
 loopback address requires --api-key (or RETROGRAD_API_KEY in the environment: a flag is in
 every process listing, which every user of the machine reads), which clients send as
 `Authorization: Bearer KEY`; without a key, only requests from this machine are answered (no
-web page of another origin).
+web page served from another machine).
 --port 0 picks a free port; the address is printed once the server listens.
 Requests join one live batch of at most --max-sequences answers at the next decode step;
 up to --max-queue more wait, and beyond that a request gets 503 with Retry-After.
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key",
         metavar="KEY",
         help="required from clients as a Bearer token (without it: requests from this "
-        f"machine only, none from a web page of another origin); default: ${KEY_ENV}, which "
+        f"machine only, none from a web page served from another machine); default: ${KEY_ENV}, which "
         "no process listing shows",
     )
     p.add_argument(

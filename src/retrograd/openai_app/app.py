@@ -133,7 +133,7 @@ class Guard:
                     raise ApiError(
                         403,
                         "this server has no API key: it answers only requests to a loopback "
-                        "address or localhost that no page of another origin sent",
+                        "address or localhost that no page served from another machine sent",
                         None,
                         "not_from_this_machine",
                     )

@@ -33,7 +33,7 @@ def _host_of(header: str) -> str:
 
 def from_this_machine(host: str | None, origin: str | None) -> bool:
     """A request whose `Host` and `Origin` headers (None when absent) say it comes from this
-    machine: addressed to a loopback name, sent by no page of another origin."""
+    machine: addressed to a loopback name, sent by no page served from another machine."""
     if host is not None and not is_loopback(_host_of(host)):
         return False
     return origin is None or is_loopback(urlsplit(origin).hostname or "")

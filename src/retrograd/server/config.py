@@ -183,7 +183,7 @@ class ServerConfig(Section):
     )
     auth_token: Text | None = optional_key(
         f"Bearer token every /v1 request must carry; or set {TOKEN_ENV}. Without one, /v1 "
-        "answers only requests to a loopback name that no page of another origin sent."
+        "answers only requests to a loopback name that no page served from another machine sent."
     )
     command_timeout_seconds: float = key(300.0, "Wait for a live run's answer.", gt=0)
     request_timeout_seconds: float = key(60.0, "Longest request (event streams exempt).", gt=0)

@@ -5,7 +5,7 @@
 `WWW-Authenticate: Bearer`) for a missing or wrong token under /v1, unless the request is a
 signed link that links.py admits (decided here, before any route, so that no route's answer
 tells a stranger what exists); without a token, for a request addressed to another name than
-a loopback one or sent by a page of another origin (a web page the browser shows must not
+a loopback one or sent by a page served from another machine (a web page the browser shows must not
 drive a server that trusts this machine); 413 for a body over the limit
 (announced by Content-Length, or counted as it arrives), 504 for a request over
 `request_timeout_seconds` (event streams exempt), 429 past `max_concurrent_requests` requests
@@ -212,7 +212,7 @@ def _not_from_this_machine() -> Problem:
     return Problem(
         "unauthorized",
         "this server has no auth_token: it answers only requests to a loopback address or "
-        "localhost that no page of another origin sent; set auth_token to be reached otherwise",
+        "localhost that no page served from another machine sent; set auth_token to be reached otherwise",
         [FieldError("/headers/host", "unauthorized", "not addressed from this machine")],
     )
 
