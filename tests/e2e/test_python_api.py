@@ -558,5 +558,26 @@ def test_generate_and_logprobs_read_the_trained_adapter(models, tmp_path, monkey
         trainer.generate("x")
 
 
+def test_save_refuses_to_write_over_what_the_trainer_reads(models, tmp_path, monkeypatch):
+    """save_adapter and save name their path and write nothing where the path is the model
+    (or a link to it), an input of the last fit, or a folder; the model's bytes stay."""
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(Path(models["student"]).read_bytes())
+    before = model.read_bytes()
+    (tmp_path / "link.gguf").symlink_to(model)
+    (tmp_path / "folder").mkdir()
+    with Trainer(str(model), device="cpu", progress=False) as trainer:
+        for target in (model, tmp_path / "link.gguf"):
+            with pytest.raises(ConfigError, match=r"is the model \(\[model\]\.path\)"):
+                trainer.save_adapter(target)
+            with pytest.raises(ConfigError, match="writing it would destroy that input"):
+                trainer.save(target)
+        with pytest.raises(ConfigError, match="a folder; name a file"):
+            trainer.save_adapter(tmp_path / "folder")
+        assert trainer.save_adapter(tmp_path / "fine.gguf").exists()
+    assert model.read_bytes() == before
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrograd.checkpoint.outputs import check_output_file, run_inputs
 from retrograd.config import RunConfig, build_run, check_sections
 from retrograd.config.document import ALGORITHM_SECTIONS
 from retrograd.errors import ConfigError, TrainingError
@@ -587,7 +588,8 @@ class Trainer:
         """Write the trained adapter as a llama.cpp LoRA GGUF at `path` (through a temporary
         name and a rename) -> the path. The adapter is [lora]'s as trained so far (its
         initial weights before any fit); training.trainable full or partial has none (use
-        `save`)."""
+        `save`). A path that is the model, a file the last fit read, or a folder is refused
+        (ConfigError) before anything is written."""
         trained = self._plan()
         if trained[0].mode not in ("lora", "hybrid"):
             raise TrainingError(
@@ -615,8 +617,16 @@ class Trainer:
         from retrograd.checkpoint.export import export_output
 
         plan, trained = self._plan()
+        check_output_file(f"save({kind!r}):", Path(path), self._inputs())
         output = check_sections({"output": {"path": str(path), "kind": kind}})["output"]
         return export_output(_Output(output), self.model, plan, trained, Path(path))
+
+    def _inputs(self) -> dict[str, Path]:
+        """{where: path} of what this Trainer reads: the model and the last fit's inputs."""
+        found = {"the model ([model].path)": Path(self._sections["model"].path)}
+        if self._config is not None:
+            found |= run_inputs(self._config, self._run_file)
+        return found
 
     def generate(
         self,

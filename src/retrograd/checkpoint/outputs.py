@@ -133,6 +133,17 @@ def _inside(path: Path, folder: Path) -> bool:
     return p != f and p.startswith(f.rstrip(os.sep) + os.sep)
 
 
+def check_output_file(key: str, path: str | Path, inputs: dict[str, Path]) -> None:
+    """One output written outside a run (the Python API's save): refused when it is one of
+    `inputs` ({where it is set: path}: the model, the last run's files) or lies inside one
+    of them, or is a folder; its folder must be writable."""
+    path = Path(path)
+    for where, src in inputs.items():
+        if _same(path, src):
+            raise ConfigError(f"{key} {path}: is {where}; writing it would destroy that input")
+    check_writable(key, path)
+
+
 def check_writable(key: str, path: str | Path) -> None:
     """One output outside a run file (a command's --out): not a folder, its folder writable."""
     path = Path(path)
