@@ -30,7 +30,7 @@ from retrograd.model.config import ModelConfig
 from retrograd.model.families import FFNS, MIXERS
 from retrograd.model.forward import ForwardContext, Mode
 from retrograd.model.frozen import frozen_linear_group
-from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, rms_norm
+from retrograd.model.layers import ACTIVATIONS, Linear, RMSNorm, fused_lora, rms_norm
 from retrograd.model.rope import apply_rope
 
 # The parts the built-in attention and dense FFN read as attributes (None when absent).
@@ -316,6 +316,9 @@ def _group(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
     applies (packed while sampling, stacked in 16-bit compute), else one product each."""
     if any(lin.weight is not None for lin in linears):  # a trained weight: its own product
         return [lin(x) for lin in linears]
+    ys = fused_lora(x, linears)
+    if ys is not None:
+        return ys
     ys = frozen_linear_group(x, [lin.frozen for lin in linears])
     if ys is None:
         return [lin(x) for lin in linears]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrograd.model.frozen import FrozenTensor, frozen_linear
+from retrograd.model.lora_product import frozen_lora, fusable
 
 
 class RMSNorm(nn.Module):
@@ -71,6 +72,9 @@ class Linear(nn.Module):
             w = self.dense_weight(x.dtype)  # (n_out, n_in)
             y = F.linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
             return self.finish(x, y)
+        fused = fused_lora(x, (self,))
+        if fused is not None:
+            return fused[0]
         return self.finish(x, frozen_linear(x, self.frozen))
 
     def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -88,6 +92,19 @@ class Linear(nn.Module):
         f = self.frozen
         trained = ", trained" if self.weight is not None else ""
         return f"{f.shape[1]} -> {f.shape[0]}, {f.ggml_type.name}{trained}"
+
+
+def fused_lora(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
+    """The outputs of frozen linears sharing the input x, each with its adapter, from one
+    function (model/lora_product.py) where it applies: every linear frozen, without bias, with
+    a 2-D adapter switched on; None otherwise."""
+    adapters = [lin.adapter() for lin in linears]
+    if any(a is None or a[0].dim() != 2 for a in adapters):
+        return None
+    if any(lin.weight is not None or lin.bias is not None for lin in linears):
+        return None
+    frozen = [lin.frozen for lin in linears]
+    return frozen_lora(x, frozen, adapters) if fusable(x, frozen) else None
 
 
 def finish(y: torch.Tensor, x: torch.Tensor, bias, adapter) -> torch.Tensor:
