@@ -7,7 +7,8 @@ returns its path. It allows every system call except those it names: namespace c
 entry (unshare, setns, clone with a CLONE_NEW* flag; clone3, whose flags sit in memory a filter
 cannot read, answers ENOSYS so that glibc falls back to clone), every mount call, and the calls
 the engines' own defaults refuse a process without capabilities (modules, kexec, bpf,
-perf_event_open, userfaultfd, io_uring, keyctl, AF_VSOCK sockets, NUMA policy, ...).
+perf_event_open, userfaultfd, io_uring, keyctl, AF_VSOCK sockets, NUMA policy, the clock,
+file handles, ...), and personality with any persona but the five Docker's default allows.
 
 NOTE: a deny list, not the engines' allow list, so that a profile of ours works with any
 engine and libc; the list holds because nothing else can reach a privilege: a container
@@ -78,6 +79,9 @@ DENIED = (
     "settimeofday",
     "clock_settime",
     "clock_settime64",
+    "clock_adjtime",
+    "clock_adjtime64",
+    "adjtimex",
     "stime",
     "vhangup",
     "iopl",
@@ -86,7 +90,12 @@ DENIED = (
     "quotactl_fd",
     "lookup_dcookie",
     "fanotify_init",
+    "name_to_handle_at",
     "open_by_handle_at",
+    # the LSM attributes of a process (its AppArmor or SELinux label)
+    "lsm_get_self_attr",
+    "lsm_set_self_attr",
+    "lsm_list_modules",
     "mbind",
     "set_mempolicy",
     "set_mempolicy_home_node",
@@ -121,6 +130,11 @@ ARCH_MAP = (
     ("SCMP_ARCH_RISCV64", ()),
 )
 S390 = ["s390", "s390x"]
+# personality(2)'s values Docker's default allows: PER_LINUX, PER_LINUX32, UNAME26, the last
+# two together, and 0xffffffff (a query). Every other persona is refused: ADDR_NO_RANDOMIZE
+# (`setarch -R`) turns address randomisation off, READ_IMPLIES_EXEC makes data executable.
+PERSONA_BITS = 0x00020008  # the bits the allowed values set
+PERSONA_QUERY = 0xFFFFFFFF
 
 
 def _clone_rules() -> list[dict]:
@@ -134,6 +148,26 @@ def _clone_rules() -> list[dict]:
     return rules
 
 
+def _personality_rules() -> list[dict]:
+    """personality fails unless its persona is one of Docker's values.
+
+    A filter compares one argument once per rule and rules add up (any match denies), so
+    "not one of five values" is written as masked comparisons of the low 32 bits (the
+    kernel reads no more): a persona is refused when it sets a bit outside PERSONA_BITS and
+    is not the query. Either some such bit is set and the next one (round the 30 of them) is
+    clear, or all 30 are set and one of PERSONA_BITS' two is clear.
+    """
+    others = [bit for bit in range(32) if not PERSONA_BITS >> bit & 1]
+    masked = [
+        (1 << a | 1 << b, 1 << a) for a, b in zip(others, others[1:] + others[:1], strict=True)
+    ]
+    all_others = PERSONA_QUERY & ~PERSONA_BITS
+    masked += [(all_others | bit, all_others) for bit in (0x8, 0x20000)]
+    arg = {"index": 0, "op": "SCMP_CMP_MASKED_EQ"}
+    deny = {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}
+    return [{**deny, "args": [{**arg, "value": m, "valueTwo": v}]} for m, v in masked]
+
+
 def profile() -> dict:
     """The profile, as the engines read it."""
     return {
@@ -145,6 +179,7 @@ def profile() -> dict:
             {"names": list(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
             *_clone_rules(),
+            *_personality_rules(),
             {
                 "names": ["socket"],
                 "action": "SCMP_ACT_ERRNO",

@@ -385,3 +385,90 @@ def test_an_engine_that_leaves_more_writable_is_refused(cli, monkeypatch):
         assert made.live == 0
     finally:
         made.close()
+
+
+# -- personality, the clock and file handles ------------------------------------------------
+
+# personality(2) values Docker's default allows: PER_LINUX, PER_LINUX32, UNAME26, both, query
+PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
+ODD_CALLS = textwrap.dedent(
+    """
+    import ctypes, os, platform
+    libc = ctypes.CDLL(None, use_errno=True)
+    NR = {"x86_64": {"personality": 135, "adjtimex": 159, "clock_adjtime": 305,
+                     "name_to_handle_at": 303},
+          "aarch64": {"personality": 92, "adjtimex": 171, "clock_adjtime": 266,
+                      "name_to_handle_at": 264}}[platform.machine()]
+    def call(name, *args):
+        ret = libc.syscall(NR[name], *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        return "ok" if ret >= 0 else os.strerror(ctypes.get_errno())
+    for value in (0x40000, 0x1_0004_0000, 0x0400000, 0x8 | 0x40000, 0xFFFFFFFE):
+        print(hex(value), call("personality", value))
+    for value in (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF):
+        print(hex(value), call("personality", value))
+    timex = ctypes.create_string_buffer(512)  # modes 0: a read, no capability needed
+    print("adjtimex", call("adjtimex", timex))
+    print("clock_adjtime", call("clock_adjtime", 0, timex))
+    handle = ctypes.create_string_buffer(256)
+    handle[0] = 128  # handle_bytes
+    mount_id = ctypes.c_int()
+    print("name_to_handle_at", call("name_to_handle_at", -100, b"/work", handle,
+                                    ctypes.byref(mount_id), 0))
+    """
+)
+
+
+def test_personality_is_docker_s_and_the_clock_and_file_handles_are_closed(box):
+    """No ADDR_NO_RANDOMIZE (`setarch -R`), READ_IMPLIES_EXEC or any other persona but
+    Docker's; a value's upper 32 bits (which the kernel drops) do not sneak one past."""
+    assert platform.machine() in ("x86_64", "aarch64"), "ODD_CALLS knows their numbers alone"
+    refused = box.exec(["setarch", "-R", "true"])
+    assert refused.exit_code != 0 and b"Operation not permitted" in refused.stderr, refused
+    for argv in (["setarch", "linux32", "true"], ["setarch", "--uname-2.6", "true"]):
+        assert box.exec(argv).ok, argv
+    assert text(box.exec(["echo", "still runs"])) == "still runs\n"
+    result = box.exec(["python3", "-c", ODD_CALLS])
+    assert result.ok, result
+    denied = "Operation not permitted"
+    assert dict(line.split(" ", 1) for line in text(result).splitlines()) == {
+        "0x40000": denied,
+        "0x100040000": denied,
+        "0x400000": denied,
+        "0x40008": denied,
+        "0xfffffffe": denied,
+        **{hex(value): "ok" for value in PERSONALITIES},
+        "adjtimex": denied,
+        "clock_adjtime": denied,
+        "name_to_handle_at": denied,
+    }
+
+
+def _personality_denied(rules: list[dict], value: int) -> bool:
+    """Whether a deny rule of the profile matches personality(value) (MASKED_EQ: `value` is
+    the mask, `valueTwo` what the masked argument must equal)."""
+    for rule in rules:
+        if "personality" not in rule["names"]:
+            continue
+        if not rule.get("args"):
+            return True
+        (arg,) = rule["args"]
+        assert arg["index"] == 0 and arg["op"] == "SCMP_CMP_MASKED_EQ", rule
+        if value & arg["value"] == arg["valueTwo"]:
+            return True
+    return False
+
+
+def test_the_profile_allows_docker_s_personalities_alone():
+    rules = [r for r in profile()["syscalls"] if r["action"] == "SCMP_ACT_ERRNO"]
+    assert {"clock_adjtime", "adjtimex", "name_to_handle_at", "open_by_handle_at"} <= set(DENIED)
+    for value in PERSONALITIES:
+        assert not _personality_denied(rules, value), hex(value)
+    odd = {1 << bit for bit in range(32)} | {0xFFFFFFFF ^ (1 << bit) for bit in range(32)}
+    odd |= {0x40000, 0x0400000, 0x40008, 0x20008 | 0x40000, 0xFFFF, 0xFFFF0000, 0xFFFDFFF7}
+    odd |= {value | (1 << 32) for value in PERSONALITIES if value != 0xFFFFFFFF} - {1 << 32}
+    rng = __import__("random").Random(0)
+    odd |= {rng.getrandbits(32) for _ in range(20_000)}
+    for value in odd - set(PERSONALITIES):
+        if value >> 32 and value & 0xFFFFFFFF in PERSONALITIES:
+            continue  # the kernel reads 32 bits: an allowed value with high bits set is it
+        assert _personality_denied(rules, value), hex(value)
