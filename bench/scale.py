@@ -21,7 +21,8 @@ its own, with bench/tuning.py's process tuning and `--threads` threads on every 
     rate, measured in the same run (best of 10 torch.mm 2048^3 in bf16 and f32, the faster);
   - one GRPO update of ours (4 prompts x 8 answers x 64 new tokens, bench/grpo.py's update,
     rewarded by answer length so that random answers differ), after one warm-up update, with
-    its phases: generation, reward, scoring, optimizer, other;
+    its phases: generation, reward, scoring, optimizer, other; and the optimizer pass's
+    trained answer tokens a second with their MFU (the same FLOPs per trained token);
   - generation at 1 and 8 sequences (128-token prompts, 128 new tokens, greedy, end of
     generation ignored): ours (bench/generate.py's sampler) and llama.cpp decoding as many
     sequences in parallel (bench/llamacpp.py), each alone in its process with its peak RSS.
@@ -347,6 +348,16 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
     return lines
 
 
+def optimizer_rate(m: dict) -> float:
+    """Trained answer tokens a second of the GRPO update's optimizer pass (its forward and
+    backward over the answers, the prompts' positions uncounted, and AdamW's step) over the
+    timed updates: their answer tokens times the trained fraction."""
+    n = len(m["updates"])
+    pairs = zip(m["answer_tokens"][-n:], m["trained_fraction"][-n:], strict=True)
+    tokens = sum(t * f for t, f in pairs)
+    return tokens / max(1e-9, sum(u["optimizer"] for u in m["updates"]))
+
+
 def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: float) -> list[str]:
     peak = f"{m['maxrss_mib'] / 1024:8.2f} GiB"
     if side.startswith("sft"):
@@ -361,10 +372,12 @@ def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: flo
         phases = ", ".join(
             f"{k} {u[k]:.1f}" for k in ("generation", "reward", "scoring", "optimizer", "other")
         )
+        rate = optimizer_rate(m)
+        tok_s, mfu = f"{rate:8.1f}", f"{rate * fpt / peak_flops:6.1%}"
         return [
-            f"{name:<38} {'':>8} {'':>6} {peak:>10} {gib(m['train_peak_mib']):>10} {est:>9}  "
+            f"{name:<38} {tok_s} {mfu} {peak:>10} {gib(m['train_peak_mib']):>10} {est:>9}  "
             f"update {u['total']:.1f} s: {phases}; trained fraction {m['trained_fraction'][-1]}; "
-            f"cache {m['cache_env'].get('RETRO_DEQUANT_CACHE')}"
+            f"cache {m['cache_env'].get('RETRO_DEQUANT_CACHE')}; tok/s and MFU: the optimizer pass"
         ]
     rows = []
     for b, rate in m["tok_s"].items():
