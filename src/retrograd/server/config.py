@@ -188,7 +188,9 @@ class ServerConfig(Section):
     command_timeout_seconds: float = key(300.0, "Wait for a live run's answer.", gt=0)
     request_timeout_seconds: float = key(60.0, "Longest request (event streams exempt).", gt=0)
     max_body_bytes: ByteSize = key(1 << 20, "Largest request body.", ge=1)
-    max_concurrent_requests: int = key(256, "Requests served at once; more get 503.", ge=1)
+    max_concurrent_requests: int = key(
+        256, "Requests served at once, and event streams open at once; more get 429.", ge=1
+    )
     redact_error_paths: bool | None = optional_key(
         "Hide file paths in error documents; on when not bound to loopback."
     )

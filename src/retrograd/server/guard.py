@@ -9,7 +9,8 @@ a loopback one or sent by a page served from another machine (a web page the bro
 drive a server that trusts this machine); 413 for a body over the limit
 (announced by Content-Length, or counted as it arrives), 504 for a request over
 `request_timeout_seconds` (event streams exempt), 429 past `max_concurrent_requests` requests
-at once (event streams not counted: they last as long as their clients). `install_handlers` turns Problem, FastAPI's
+at once, and past as many event streams open at once (counted apart: a stream lasts as long as
+its client). `install_handlers` turns Problem, FastAPI's
 validation errors, Starlette's 404/405 and any other exception into problem+json.
 """
 
@@ -97,8 +98,10 @@ class Guard:
     ):
         self.app = app
         self.links = links  # signed links open one artifact each without the token
-        self.max_concurrent = max_concurrent  # requests at once, event streams not counted
+        # requests at once, and event streams open at once, each counted on its own
+        self.max_concurrent = max_concurrent
         self.active = 0
+        self.streams = 0
         self.token = token
         self.max_body = max_body
         self.route_limits = route_limits or {}  # path -> its body limit, if not max_body
@@ -125,22 +128,27 @@ class Guard:
             if self.token is not None and not self._admitted_by(scope):
                 return await refuse(_unauthorized(scope.get("query_string", b"")))
         stream = _STREAM.fullmatch(path) is not None
-        if not stream and self.max_concurrent is not None and self.active >= self.max_concurrent:
+        held = self.streams if stream else self.active
+        if self.max_concurrent is not None and held >= self.max_concurrent:
+            what = "event streams are open" if stream else "requests are being served"
             return await refuse(
                 Problem(
                     "too-many-requests",
-                    f"{self.active} requests are being served (max_concurrent_requests = "
-                    f"{self.max_concurrent}); try again",
+                    f"{held} {what} (max_concurrent_requests = {self.max_concurrent}); try again",
                     headers={"Retry-After": "1"},
                 )
             )
-        if stream:
-            return await self._admitted(scope, receive, send, trace_id, refuse)
-        self.active += 1
+        self._count(stream, 1)
         try:
             return await self._admitted(scope, receive, send, trace_id, refuse)
         finally:
-            self.active -= 1
+            self._count(stream, -1)
+
+    def _count(self, stream: bool, change: int) -> None:
+        if stream:
+            self.streams += change
+        else:
+            self.active += change
 
     async def _admitted(self, scope, receive, send, trace_id: str, refuse) -> None:
         """The request past the token and the concurrency limit: body limits and time."""

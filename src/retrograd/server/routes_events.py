@@ -49,18 +49,20 @@ async def run_events(request: Request, run_id: str, since: int | None = Query(No
     with store.lock:
         record = find_run(request, run_id)
         sub = runs.hub.subscribe(run_id)
-        replay = store.logs[run_id].since(first)
+        log = store.logs[run_id]
+        recent, upto = log.ring_since(first), log.seq
         ended = record.status in TERMINAL
 
     async def stream():
         last = first
         try:
             yield f": events of run {run_id}\n\n"  # headers go out now, not with the first event
-            for event in replay:
-                yield frame(event)
-                last = event["seq"]
-                if event["type"] == "terminal":
-                    return
+            async for batch in _replay(log, first, upto, recent):
+                for event in batch:
+                    yield frame(event)
+                    last = event["seq"]
+                    if event["type"] == "terminal":
+                        return
             if ended:
                 return
             async for event in _live(sub):
@@ -100,6 +102,20 @@ async def all_events(request: Request):
 LAGGED = "lagged"
 
 
+async def _replay(log, first: int, upto: int, recent: list | None):
+    """What came after `first` up to `upto`: the ring's copy when it reached back that far,
+    else events.jsonl read a batch at a time off the loop (never the whole journal at once)."""
+    if recent is not None:
+        yield recent
+        return
+    batches = log.batches(first, upto)
+    try:
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+            yield batch
+    finally:
+        batches.close()
+
+
 async def _live(sub):
     """A subscription's events as they come, a keepalive comment when none came for a while,
     and LAGGED last when the client fell too far behind."""
@@ -131,12 +147,25 @@ async def metrics(
     _, store, _ = server_state(request)
     with store.lock:
         find_run(request, run_id)
-        events = [e for e in store.logs[run_id].since(since) if e["type"] == "metrics"]
+        log = store.logs[run_id]
+        recent, upto = log.ring_since(since), log.seq
+    events = await asyncio.to_thread(_first_metrics, log, since, upto, recent, limit)
     wanted = set(names.split(",")) if names else None
     out = []
-    for e in events[:limit]:
+    for e in events:
         values = {k: v for k, v in e["values"].items() if wanted is None or k in wanted}
         out.append(
             {k: e[k] for k in ("seq", "at", "iteration", "global_step")} | {"values": values}
         )
     return {"metrics": out, "next_since": out[-1]["seq"] if out else since}
+
+
+def _first_metrics(log, since: int, upto: int, recent: list | None, limit: int) -> list[dict]:
+    """The first `limit` metrics events after `since`: the journal is read only as far as
+    they reach, one batch at a time, outside the store's lock."""
+    found: list[dict] = []
+    for batch in [recent] if recent is not None else log.batches(since, upto):
+        found += [e for e in batch if e["type"] == "metrics"][: limit - len(found)]
+        if len(found) >= limit:
+            break
+    return found

@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ STATUSES = (
 TERMINAL = ("completed", "failed", "cancelled")
 FINISHED = (*TERMINAL, "interrupted")  # no process: may be deleted (and resumed if interrupted)
 RING = 1024  # events a run keeps in memory for replay; older ones are read from events.jsonl
+REPLAY_BATCH_BYTES = 64 * 1024  # of events.jsonl read at once for a replay
 
 
 def now_ms() -> int:
@@ -125,12 +127,25 @@ class EventLog:
 
     def since(self, seq: int) -> list[dict[str, Any]]:
         """Events after `seq`, from the ring when it reaches back far enough."""
+        recent = self.ring_since(seq)
+        return recent if recent is not None else self.read_since(seq)
+
+    def ring_since(self, seq: int) -> list[dict[str, Any]] | None:
+        """Events after `seq` from the ring (at most RING), or None when the ring does not
+        reach back that far and they are in events.jsonl alone. Under the store's lock."""
         if self.ring and self.ring[0]["seq"] <= seq + 1:
             return [e for e in self.ring if e["seq"] > seq]
-        return self.read_since(seq)
+        return None
 
     def read_since(self, seq: int) -> list[dict[str, Any]]:
-        out = []
+        return [event for batch in self.batches(seq) for event in batch]
+
+    def batches(self, seq: int, upto: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Events after `seq` (up to `upto`) read from events.jsonl as they are consumed, in
+        lists of about REPLAY_BATCH_BYTES of the file: a replay or a metrics query holds one
+        list at a time, however long the journal. Needs no lock (appends are whole lines)."""
+        batch: list[dict[str, Any]] = []
+        size = 0
         try:
             with open(self.path, encoding="utf-8") as f:
                 for line in f:
@@ -138,11 +153,19 @@ class EventLog:
                         event = json.loads(line)
                     except json.JSONDecodeError:
                         continue  # a line cut by a crash mid-write: the rest is intact
-                    if event.get("seq", 0) > seq:
-                        out.append(event)
+                    number = event.get("seq", 0) if isinstance(event, dict) else 0
+                    if upto is not None and number > upto:
+                        break
+                    if number > seq:
+                        batch.append(event)
+                        size += len(line)
+                    if size >= REPLAY_BATCH_BYTES:
+                        yield batch
+                        batch, size = [], 0
         except FileNotFoundError:
             pass
-        return out
+        if batch:
+            yield batch
 
 
 class RunStore:

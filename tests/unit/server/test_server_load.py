@@ -1,0 +1,159 @@
+"""What one client with the token can make the server hold: a long run's event replay and its
+metrics are read from events.jsonl a bounded piece at a time (the whole journal was parsed
+into memory per stream, and under the store's lock per metrics query), and event streams have
+a limit of their own (they were not counted at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tracemalloc
+
+import pytest
+from fastapi.testclient import TestClient
+
+from retrograd.server.app import create_app
+from retrograd.server.config import load_server_config
+from retrograd.server.guard import Guard
+from retrograd.server.store import EventLog, RunRecord, now_ms
+
+RUN = "run_00000000000a1b2c4"
+EVENTS = 20_000
+NOTE = "x" * 300  # an event of about 400 bytes: a journal of about 8 MB
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("load")
+    config = load_server_config(overrides={"state_dir": str(tmp / "state")}, environ={})
+    app = create_app(config)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        record = RunRecord(
+            id=RUN, name=None, status="completed", algorithm="sft", model="m", created_at=now_ms()
+        )
+        with app.state.store.lock:
+            app.state.store.add(record)
+        path = app.state.store.folder(RUN) / "events.jsonl"
+        with open(path, "w", encoding="utf-8") as out:
+            for seq in range(1, EVENTS + 1):
+                kind = "metrics" if seq % 2 else "progress"
+                event = {"seq": seq, "at": seq, "type": kind, "iteration": seq, "global_step": seq}
+                event |= {"values": {"loss": 1.0, "note": NOTE}}
+                out.write(json.dumps(event) + "\n")
+        with app.state.store.lock:  # read back as a restarted server does: its ring the last
+            app.state.store.logs[RUN] = EventLog(path)
+        yield client
+
+
+def _peak_of(client, path: str) -> tuple[int, int, int]:
+    """(status, body bytes, peak of Python's allocations) of a GET served in the app's own
+    loop, its body counted and dropped as it comes (a client that reads slowly costs the same)."""
+    state = {"status": 0, "bytes": 0}
+
+    async def call():
+        gone = asyncio.Event()
+        asked = False
+
+        async def receive():
+            nonlocal asked
+            if not asked:
+                asked = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                state["bytes"] += len(message.get("body", b""))
+
+        route, _, query = path.partition("?")
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": route,
+            "raw_path": route.encode(),
+            "root_path": "",
+            "query_string": query.encode(),
+            "headers": [(b"host", b"127.0.0.1")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+        }
+        await client.app(scope, receive, send)
+        gone.set()
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        client.portal.call(call)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return state["status"], state["bytes"], peak
+
+
+def test_a_long_replay_is_streamed_from_the_journal(client):
+    journal = (client.app.state.store.folder(RUN) / "events.jsonl").stat().st_size
+    status, sent, peak = _peak_of(client, f"/v1/runs/{RUN}/events?since=0")
+    assert status == 200 and sent > journal  # every event went out, framed
+    assert peak < journal / 8, (peak, journal)  # was about 3.4 times the journal
+
+
+def test_a_metrics_query_reads_no_more_of_the_journal_than_it_answers(client):
+    journal = (client.app.state.store.folder(RUN) / "events.jsonl").stat().st_size
+    status, sent, peak = _peak_of(client, f"/v1/runs/{RUN}/metrics?since=0&limit=10")
+    assert status == 200 and 0 < sent < 10_000
+    assert peak < journal / 4, (peak, journal)
+    page = client.get(f"/v1/runs/{RUN}/metrics", params={"since": 19_000, "limit": 1000}).json()
+    assert [m["seq"] for m in page["metrics"]] == list(range(19_001, EVENTS, 2))
+    assert page["next_since"] == EVENTS - 1
+
+
+def test_event_streams_have_a_limit_of_their_own():
+    """Two streams open at max_concurrent_requests = 2: a third is 429, an ordinary request
+    still goes through, and a stream that ends frees its place."""
+
+    async def scenario():
+        release = asyncio.Event()
+
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            if scope["path"].endswith("/events"):
+                await release.wait()  # a stream lasts as long as its client
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        guard = Guard(app, token=None, max_body=1024, timeout=5.0, redact=False, max_concurrent=2)
+
+        async def status(path: str) -> int:
+            got = []
+
+            async def receive():
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    got.append(message["status"])
+
+            scope = {"type": "http", "path": path, "method": "GET", "query_string": b""}
+            await guard({**scope, "headers": [(b"host", b"127.0.0.1")]}, receive, send)
+            return got[0]
+
+        open_ = [asyncio.create_task(status(p)) for p in ("/v1/events", f"/v1/runs/{RUN}/events")]
+        await asyncio.sleep(0.05)
+        try:  # admitted, the third would wait for `release` as the others do
+            third = await asyncio.wait_for(status("/v1/events"), 2.0)
+        except TimeoutError:
+            third = "admitted"
+        ordinary = await status("/v1/runs")
+        release.set()
+        first_two = await asyncio.gather(*open_)
+        again = await status("/v1/events")
+        return third, ordinary, first_two, again
+
+    third, ordinary, first_two, again = asyncio.run(scenario())
+    assert third == 429 and ordinary == 200 and first_two == [200, 200] and again == 200
