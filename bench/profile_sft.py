@@ -1,7 +1,7 @@
 """Where an SFT step's time goes: torch.profiler over a few steps of `run_sft`, by share.
 
   .venv/bin/python bench/profile_sft.py [--size 1b] [--threads 2] [--warmup 2] [--steps 3]
-                                        [--trace OUT.json] [--json OUT]
+                                        [--no-profile] [--trace OUT.json] [--json OUT]
 
 The step bench/scale.py times (ctx 512, batch 1, LoRA r8 alpha 16 on q k v o gate up down,
 AdamW, the compute type the CPU runs fastest, the dense cache on) on its Llama-shaped model of
@@ -20,7 +20,10 @@ Every profiled operator's own time goes to one share, by the first of these that
 and the rest of the steps' wall time, outside any operator, is Python (the loop, autograd's
 bookkeeping, the profiler's own cost). The forward passes are labelled by wrapping a few
 functions in this process only; backward by autograd's node names. Shares, not absolute
-times, are what a contended machine still measures.
+times, are what a contended machine still measures. Between the steps a 2048^3 product in the compute type
+is probed (best of 3 each time), and MFU is tokens/s (the median profiled step) x bench/scale.py's
+FLOPs per trained token over the best probe. --no-profile: MFU alone (the profiler's events of
+a 3B step take gigabytes).
 """
 
 from __future__ import annotations
@@ -143,11 +146,15 @@ def table(prof, wall_us: float, steps: int) -> dict:
 
 
 def matmul_rate(n: int = 2048, reps: int = 3) -> float:
-    """The best of `reps` bf16 n^3 products, TFLOP/s (bench/forward.py's probe, run between
-    the steps so that the rate and the steps see the same machine)."""
+    """The best of `reps` n^3 products in the compute type (bf16 where the CPU has fast bf16,
+    else float32), TFLOP/s (bench/forward.py's probe, run between the steps so that the rate
+    and the steps see the same machine)."""
     import torch
 
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    from retrograd.model.device import cpu_has_fast_bf16
+
+    dtype = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     with torch.profiler.record_function("retro::probe"):
         best = float("inf")
         for _ in range(reps):
@@ -176,6 +183,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (>= 1)")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "--no-profile", action="store_true", help="MFU only (3B+: the profiler's events take GBs)"
+    )
     p.add_argument("--trace", help="write a Chrome trace here")
     p.add_argument("--json", help="write the table here")
     args = p.parse_args()
@@ -211,10 +221,10 @@ def main() -> None:
         def step(self, global_step, epoch, values, tokens, seconds, position=None):
             if tokens == sft_sides.CTX and len(ends) < total:
                 ends.append(time.perf_counter())
-                if len(ends) == total:
+                if len(ends) == total and not args.no_profile:
                     prof.stop()
                 rates.append(matmul_rate())  # between the steps, outside their times
-                if len(ends) == args.warmup:
+                if len(ends) == args.warmup and not args.no_profile:
                     prof.start()
                 resumes.append(time.perf_counter())
 
@@ -224,23 +234,26 @@ def main() -> None:
         run_sft(load_run(run_file), sinks=Clock(quiet=True))
     times = [b - a for a, b in zip(resumes, ends[1:], strict=False)]
     wall_us = sum(times[args.warmup - 1 :]) * 1e6
-    out = table(prof, wall_us, args.steps) | info | {"threads": torch.get_num_threads()}
+    out = {} if args.no_profile else table(prof, wall_us, args.steps)
+    out |= info | {"threads": torch.get_num_threads(), "step_s": wall_us / args.steps / 1e6}
     fpt = scale.flops_per_token(scale.SHAPES[args.size])
     out |= mfu(fpt, times[args.warmup - 1 :], rates)
     times = [round(t, 2) for t in times]
     out["step_times"] = times
     print(
-        f"MFU {out['mfu']:.1%}: {out['tok_s']:.1f} tok/s x {fpt / 1e9:.2f} GFLOP / bf16 matmul "
+        f"MFU {out['mfu']:.1%}: {out['tok_s']:.1f} tok/s x {fpt / 1e9:.2f} GFLOP / matmul "
         f"{out['rate_tflops']:.3f} TFLOP/s (2048^3, best of {len(rates)} probes between steps; "
-        f"profiler on, so the MFU is on the low side)"
+        f"{'profiler on, so the MFU is on the low side' if not args.no_profile else 'no profiler'})"
     )
     print(
         f"{args.size}: {out['step_s']:.2f} s a step ({args.steps} profiled); steps {times}; {info}"
     )
-    for k, v in out["shares"].items():
+    for k, v in out.get("shares", {}).items():
         print(f"  {k:<22} {v:6.1%}")
-    print("  other operators: " + ", ".join(f"{k} {v:.1%}" for k, v in out["other_ops"].items()))
-    if args.trace:
+    if "other_ops" in out:
+        ops = ", ".join(f"{k} {v:.1%}" for k, v in out["other_ops"].items())
+        print(f"  other operators: {ops}")
+    if args.trace and not args.no_profile:
         prof.export_chrome_trace(args.trace)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
