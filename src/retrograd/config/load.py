@@ -34,7 +34,15 @@ from retrograd.config.document import (
     SECTION_NAMES,
     RunDocument,
 )
-from retrograd.config.report import Issue, _models, issues_from_pydantic, suggest
+from retrograd.config.report import (
+    MAX_REPORTED,
+    Issue,
+    _models,
+    capped,
+    issues_from_pydantic,
+    suggest,
+    unreported,
+)
 from retrograd.config.resolved import resolved_lines
 from retrograd.config.rule_base import Draft, issue
 from retrograd.config.rules import run_rules
@@ -262,6 +270,7 @@ def validate_run(
     found += _model_overrides(draft, model, device, python=source is None)
     if "run" in draft.sections and not draft.failed & {"run", "training"}:
         found += run_rules(draft)
+    found = capped(found)
     if found:
         error = ConfigError("\n".join(item.render(source) for item in found))
         error.issues = found  # type: ignore[attr-defined]
@@ -294,7 +303,9 @@ def _sections(
         if name in skip:
             continue
         if name not in SECTION_NAMES:
-            if isinstance(value, dict):
+            if len(found) >= MAX_REPORTED:  # counted, its suggestion left uncomputed
+                found.append(unreported(1))
+            elif isinstance(value, dict):
                 found.append(issue(name, None, "unknown section" + _section_hint(name)))
             else:
                 found.append(Issue((), name, "keys belong in a section such as [run]", value))

@@ -50,6 +50,29 @@ class Issue:
         return f"{source}: {line}" if source is not None else line
 
 
+MAX_REPORTED = 100  # problems reported one by one; the rest are counted
+
+
+@dataclass(frozen=True)
+class Unreported(Issue):
+    """The problems past the first MAX_REPORTED, counted on one line."""
+
+    count: int = 0
+
+
+def unreported(count: int) -> Unreported:
+    return Unreported((), None, f"and {count} more problems", count=count)
+
+
+def capped(found: list[Issue]) -> list[Issue]:
+    """The first MAX_REPORTED problems and one line counting the rest (a document of 100,000
+    unknown keys is 101 lines, not 100,000)."""
+    shown = [item for item in found if not isinstance(item, Unreported)]
+    rest = sum(item.count for item in found if isinstance(item, Unreported))
+    rest += max(0, len(shown) - MAX_REPORTED)
+    return shown[:MAX_REPORTED] + ([unreported(rest)] if rest else [])
+
+
 def table_name(table: tuple[str | int, ...]) -> str:
     """`("agent", "mcp_servers", 0)` -> `[agent.mcp_servers][0]`."""
     names: list[str] = []
@@ -255,8 +278,12 @@ def _message(error: dict[str, Any], walk: _Walk, key: str | None) -> str:
 def issues_from_pydantic(
     errors: list[dict[str, Any]], root: Any, prefix: tuple[str | int, ...]
 ) -> list[Issue]:
-    """Our issues for pydantic's errors of a value validated as `root` at table `prefix`."""
+    """Our issues for pydantic's errors of a value validated as `root` at table `prefix`: the
+    first MAX_REPORTED, then one counting the rest (each costs a walk and a suggestion)."""
     found: list[Issue] = []
+    if len(errors) > MAX_REPORTED:
+        found.append(unreported(len(errors) - MAX_REPORTED))
+        errors = errors[:MAX_REPORTED]
     for error in errors:
         table, rest, walk = locate(root, error["loc"])
         value = error.get("input", MISSING)
@@ -288,7 +315,7 @@ def table_root(cls: type[BaseModel]) -> type[BaseModel]:
 def construction_error(cls: type[BaseModel], error: ValidationError) -> ConfigError:
     """The ConfigError of a section built in Python with bad keys, one line per problem."""
     home = home_of(cls)
-    found = issues_from_pydantic(error.errors(), cls, home or ())
+    found = capped(issues_from_pydantic(error.errors(), cls, home or ()))
     lines = [item.render(None) if home else _class_line(cls, item) for item in found]
     failure = ConfigError("\n".join(lines))
     failure.issues = found  # type: ignore[attr-defined]

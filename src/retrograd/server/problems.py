@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrograd.config.report import MISSING, Issue, _models, _unwrap
+from retrograd.config.report import MISSING, Issue, Unreported, _models, _unwrap
 from retrograd.nesting import TooDeep
 
 PROBLEM_BASE = "https://retrograd.dev/problems/"
@@ -198,7 +198,9 @@ def issues_to_errors(
         text = item.message
         if item.value is not MISSING:
             text = f"{text} (got {item.value!r})"
-        if text.startswith("unknown key") and key_parts:
+        if isinstance(item, Unreported):  # the problems past the first ones, counted
+            out.append(FieldError(pointer(*prefix), "invalid_value", item.message))
+        elif text.startswith("unknown key") and key_parts:
             known = known_keys(root, item.table + key_parts[:-1])
             error = unknown_field(where, key_parts[-1], known)
             out.append(FieldError(where, "unknown_field", item.message, error.hint))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,24 @@ def test_fanout_values():
         validate_run(run_doc("grpo", training={"shared_prefix_fanout": 1}))
     with pytest.raises(ConfigError, match='must be "auto", "off", "max"'):
         validate_run(run_doc("grpo", training={"shared_prefix_fanout": "all"}))
+
+
+def test_a_document_of_many_problems_reports_the_first_hundred_and_counts_the_rest():
+    """100,000 unknown keys (a 1 MiB body) were 100,000 lines, each with a suggestion
+    computed: megabytes of errors and seconds of CPU. The first 100 are reported, then one
+    line counts the rest."""
+    document = {"run": {"algorithm": "sft"}, "model": {"path": "m.gguf"}, "sft": {"data": "d"}}
+    with pytest.raises(ConfigError) as caught:  # its own problems (no such data file)
+        validate_run(document, source="run.toml")
+    own = len(str(caught.value).splitlines())
+    document["training"] = {f"k{i}": 1 for i in range(100_000)}
+    document["nope"] = {"a": 1}
+    with pytest.raises(ConfigError) as caught:
+        validate_run(document, source="run.toml")
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 101
+    assert lines[0] == "run.toml: [training].k0 = 1: unknown key"
+    last = re.fullmatch(r"run\.toml: and (\d+) more problems", lines[-1])
+    # the keys and the section past the first 100, and those of its own rules still run
+    assert last and 100_001 - 100 <= int(last[1]) <= 100_001 - 100 + own, lines[-1]
+    assert len(caught.value.issues) == 101

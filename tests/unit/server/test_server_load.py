@@ -157,3 +157,24 @@ def test_event_streams_have_a_limit_of_their_own():
 
     third, ordinary, first_two, again = asyncio.run(scenario())
     assert third == 429 and ordinary == 200 and first_two == [200, 200] and again == 200
+
+
+def _many_keys(media: str) -> str:
+    if media == "application/toml":
+        head = '[run]\nalgorithm = "sft"\n[model]\npath = "m.gguf"\n[sft]\ndata = "d"\n[training]\n'
+        return head + "".join(f"{i:x}=1\n" for i in range(100_000))
+    config = {"run": {"algorithm": "sft"}, "model": {"path": "m.gguf"}, "sft": {"data": "d"}}
+    keys = {f"{i:x}": 1 for i in range(100_000)}
+    return json.dumps({"config": config | {"training": keys}}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("media", ["application/json", "application/toml"])
+def test_a_body_of_many_unknown_keys_answers_a_hundred_problems(client, media):
+    """A 1 MiB body of 100,000 unknown keys answered 3.8 MB of errors."""
+    body = _many_keys(media)
+    assert len(body) < 1 << 20
+    r = client.post("/v1/runs?dry_run=true", content=body.encode(), headers={"Content-Type": media})
+    assert r.status_code == 422 and len(r.content) < 64 * 1024, (r.status_code, len(r.content))
+    doc = r.json()
+    assert len(doc["errors"]) == 101 and doc["detail"].endswith("and 99900 more problems")
+    assert doc["errors"][0]["code"] == "unknown_field"
