@@ -95,10 +95,12 @@ def stdio_command() -> list[str]:
 
 
 @contextlib.contextmanager
-def http_server() -> Iterator[str]:
-    """This server over streamable HTTP in a subprocess; yields its URL."""
+def http_server(json_response: bool = False) -> Iterator[str]:
+    """This server over streamable HTTP in a subprocess; yields its URL. `json_response`:
+    each answer is one JSON body rather than a stream of server-sent events."""
     port = free_port()
-    proc = subprocess.Popen([*stdio_command(), "--http", str(port)], cwd=ROOT)
+    mode = ["--http-json"] if json_response else ["--http"]
+    proc = subprocess.Popen([*stdio_command(), *mode, str(port)], cwd=ROOT)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -115,7 +117,8 @@ def http_server() -> Iterator[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--http":
-        server.run("streamable-http", port=int(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] in ("--http", "--http-json"):
+        json_response = sys.argv[1] == "--http-json"
+        server.run("streamable-http", port=int(sys.argv[2]), json_response=json_response)
     else:
         server.run()

@@ -61,10 +61,15 @@ def cap_text(text: str, max_bytes: int) -> str:
 
 
 def reply_limit(config: HttpConfig) -> int:
-    """The most bytes one reply may hold: 8 x max_result_bytes (JSON writes a character of the
-    observation in up to 6 bytes per UTF-8 byte, and the reply holds more), at least
-    MIN_REPLY_BYTES. A larger one is a broken server."""
-    return max(MIN_REPLY_BYTES, 8 * config.max_result_bytes)
+    """The most bytes one reply may hold (reply_bytes of max_result_bytes)."""
+    return reply_bytes(config.max_result_bytes)
+
+
+def reply_bytes(max_result_bytes: int) -> int:
+    """The most bytes one reply of a peer may hold: 8 x the result bytes kept (JSON writes a
+    character of the observation in up to 6 bytes per UTF-8 byte, and the reply holds more),
+    at least MIN_REPLY_BYTES. A larger one is a broken server."""
+    return max(MIN_REPLY_BYTES, 8 * max_result_bytes)
 
 
 def _read(response: httpx.Response, limit: int, deadline: float, place: str, late) -> bytes:

@@ -7,7 +7,9 @@ each call a task on the hub's loop. Each server's session lives in one owner tas
 and leaves its transport, because anyio scopes must exit in the task that entered them.
 
 Tool-level trouble is an observation with is_error (the server's isError, a timeout, a
-JSON-RPC error, arguments JSON cannot carry); a lost connection raises EnvironmentFailure. A
+JSON-RPC error, arguments JSON cannot carry); a lost connection raises EnvironmentFailure. So does a remote server's reply over 8 x
+max_tool_result_bytes, at least 16 MiB (replies.py; the SDK bounds one server-sent event to
+1 MiB itself): the SDK closes the session on it, and the failure names the cap. A
 required server that cannot connect fails `open`; an optional one is skipped with a warning;
 all of them failing is an error.
 A local server sees PATH, HOME and its env_passthrough variables (the SDK adds LOGNAME, SHELL,
@@ -33,11 +35,12 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, PaginatedRequestParams
 
-from retrograd.agent.http_env import cap_text
+from retrograd.agent.http_env import cap_text, reply_bytes
 from retrograd.agent.mcp_config import ServerPlan, server_plans
 from retrograd.agent.types import Observation, ToolSpec, quoted
 from retrograd.config.agent import AgentSection
 from retrograd.errors import ConfigError, EnvironmentFailure, RetrogradError
+from retrograd.replies import cap_replies
 from retrograd.tokenizer.toolcalls import argument_problem
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class _Server:
     session: ClientSession
     stop: asyncio.Event
     task: asyncio.Task
+    refused: list[str]  # replies.py's refusals: the SDK reports them as a closed connection
 
 
 class McpHub:
@@ -124,7 +128,8 @@ class McpHub:
         """A connected server and its tools, or why it did not connect."""
         ready = self._loop.create_future()
         stop = asyncio.Event()
-        task = asyncio.create_task(self._own(plan, ready, stop))
+        refused: list[str] = []
+        task = asyncio.create_task(self._own(plan, ready, stop, refused))
         try:
             session, listed = await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT_SECS)
         except TimeoutError:
@@ -132,13 +137,15 @@ class McpHub:
             return f"no answer within {CONNECT_TIMEOUT_SECS:g} s"
         except Exception as e:
             return _reason(e)
-        return _Server(plan, session, stop, task), listed
+        return _Server(plan, session, stop, task, refused), listed
 
-    async def _own(self, plan: ServerPlan, ready: asyncio.Future, stop: asyncio.Event) -> None:
+    async def _own(
+        self, plan: ServerPlan, ready: asyncio.Future, stop: asyncio.Event, refused: list[str]
+    ) -> None:
         """The one task that enters, holds and leaves a server's transport and session."""
         try:
             async with AsyncExitStack() as stack:
-                streams = await _transport(plan, stack)
+                streams = await _transport(plan, stack, refused)
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 ready.set_result((session, await _list_tools(session)))
@@ -179,9 +186,8 @@ class McpHub:
             )
         except MCPError as e:
             if e.code == CONNECTION_CLOSED:
-                raise EnvironmentFailure(
-                    f"{plan.where}: the server is gone ({e.message})"
-                ) from None
+                why = server.refused[-1] if server.refused else e.message
+                raise EnvironmentFailure(f"{plan.where}: the server is gone ({why})") from None
             return Observation(e.message, is_error=True)
         except Exception as e:
             raise EnvironmentFailure(f"{plan.where}: tool {tool} failed: {_reason(e)}") from None
@@ -221,8 +227,9 @@ class McpHub:
         self.close()
 
 
-async def _transport(plan: ServerPlan, stack: AsyncExitStack):
-    """The server's (read, write) streams, entered on `stack`."""
+async def _transport(plan: ServerPlan, stack: AsyncExitStack, refused: list[str]):
+    """The server's (read, write) streams, entered on `stack`; a remote server's replies
+    are capped (replies.py), each refusal noted in `refused`."""
     if plan.command is not None:
         params = StdioServerParameters(
             command=plan.command[0],
@@ -232,7 +239,13 @@ async def _transport(plan: ServerPlan, stack: AsyncExitStack):
         )
         return await stack.enter_async_context(stdio_client(params))
     # NOTE: the SDK's own client keeps its timeouts (a long read for the event stream).
-    client = await stack.enter_async_context(create_mcp_http_client(headers=plan.headers))
+    client = cap_replies(
+        create_mcp_http_client(headers=plan.headers),
+        reply_bytes(plan.max_tool_result_bytes),
+        plan.where,
+        refused,
+    )
+    client = await stack.enter_async_context(client)
     return await stack.enter_async_context(streamable_http_client(plan.url, http_client=client))
 
 

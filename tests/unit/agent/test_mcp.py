@@ -335,3 +335,18 @@ def test_a_server_lost_mid_call_fails_the_trajectory():
             EnvironmentFailure, match=r"\[agent.mcp_servers\] c: the server is gone"
         ):
             hub.call("c__crash", {})
+
+
+def test_a_reply_past_the_cap_fails_naming_it():
+    """A remote server answering in JSON bodies had no size limit on them (only the text kept
+    was cut): 17 MB were read and parsed. Past 8 x max_tool_result_bytes, at least 16 MiB,
+    reading stops; the SDK closes the session on it, so the call is a broken environment
+    (EnvironmentFailure, the trajectory dropped, never the run) that names the cap. (The SDK
+    bounds each server-sent event to 1 MiB itself.)"""
+    with (
+        http_server(json_response=True) as url,
+        McpHub.open(agent([{"name": "web", "url": url, "tool_timeout_secs": 20}]), ROOT) as hub,
+    ):
+        assert hub.call("web__big", {"n": 1_000_000}).content == "x" * 65536 + TRUNCATED
+        with pytest.raises(EnvironmentFailure, match=r"web.*a reply over 16777216 bytes"):
+            hub.call("web__big", {"n": 17_000_000})

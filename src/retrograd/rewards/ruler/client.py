@@ -4,7 +4,8 @@
 format, retries with plain `json_object` (endpoints that refuse or botch strict schemas still
 answer), each retry after 0.1 * 2**attempt seconds. Timeouts, lost connections, 5xx, 408, 429,
 replies that hold no JSON (or JSON nested deeper than nesting.py allows, in the verdict or
-the HTTP body around it) and replies `validate` refuses are retried; any other 4xx (a bad key,
+the HTTP body around it) and replies `validate` refuses are retried; a reply over REPLY_BYTES
+(16 MiB) fails the call at once, naming the limit (replies.py); any other 4xx (a bad key,
 an unknown model) is not, since asking again cannot help. An endpoint that refuses response
 formats with a 400 (`retrograd serve` does) is asked again without them, from then on: the
 prompt spells out the schema itself, and the schema goes as vLLM's `guided_json` extension
@@ -27,12 +28,14 @@ import openai
 
 from retrograd import nesting
 from retrograd.errors import JudgeError
+from retrograd.replies import ReplyTooLarge, cap_replies
 from retrograd.rewards.ruler.cache import JudgeCache, cache_key
 from retrograd.rewards.ruler.prompt import extract_json
 from retrograd.text import as_text
 
 T = TypeVar("T")
 BACKOFF_SECS = 0.1
+REPLY_BYTES = 16 << 20  # the most one reply may hold: past it the call fails, not retried
 
 
 @dataclass
@@ -89,6 +92,9 @@ class JudgeClient:
                 api_key=self.api_key,
                 timeout=self.timeout,
                 max_retries=0,  # our own retries: they switch the response format
+                http_client=cap_replies(
+                    openai.DefaultAsyncHttpxClient(timeout=self.timeout), REPLY_BYTES, self.where
+                ),
             )
             self._gate = asyncio.Semaphore(self.max_concurrency)
         return self._api, self._gate
@@ -199,7 +205,11 @@ class JudgeClient:
                     continue
                 failures.append(str(e))
                 break
+            except ReplyTooLarge as e:  # asked again, it would read as much
+                raise JudgeError(f"{e} from judge {self.model!r} at {self.base_url}") from None
             except (openai.APIConnectionError, openai.APIStatusError, ValueError) as e:
+                if isinstance(e.__cause__, ReplyTooLarge):
+                    raise JudgeError(f"{e.__cause__} from judge {self.model!r}") from None
                 failures.append(_describe(e))
             attempt += 1
         raise JudgeError(

@@ -235,3 +235,14 @@ def test_a_killed_writer_leaves_a_readable_cache(tmp_path):
     cache.put("after", text="y")
     rows = [json.loads(line) for line in path.read_text().splitlines()]  # every line parses
     assert rows[-1] == {"key": "after", "text": "y"} and len(rows) == len(keys) + 1
+
+
+def test_a_reply_past_the_cap_is_a_failed_judge_call_naming_it():
+    """A judge's reply had no size limit: 17 MiB were read, parsed and judged. Past
+    REPLY_BYTES (16 MiB) the call fails at once, not asked again (a retry reads as much)."""
+    script = [reply(GOOD + " " * (17 << 20)), reply(GOOD)]
+    with scripted_openai(script) as api:
+        judge = client(api)
+        with pytest.raises(JudgeError, match=r"\[grpo\.judge\]: a reply over 16777216 bytes"):
+            ask(judge)
+    assert len(api.requests) == 1
