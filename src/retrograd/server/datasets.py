@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import secrets
 import shutil
 import threading
 from dataclasses import dataclass
@@ -41,25 +42,37 @@ class Parsed:
     content: bytes  # what is stored: the body, or a JSON array's records as JSON lines
 
 
-def parse(body: bytes, media: str, fmt: str) -> Parsed:
-    """Check an upload; Problem (invalid-request) naming the lines that are wrong."""
+def check_format(fmt: str) -> None:
+    """Problem (invalid-request) unless `fmt` is one of FORMATS."""
     if fmt not in FORMATS:
         raise Problem(
             "invalid-request",
             f"format = {fmt!r}: must be one of {', '.join(FORMATS)}",
             [FieldError("/query/format", "invalid_value", f"must be one of {', '.join(FORMATS)}")],
         )
+
+
+def _kind(media: str, fmt: str) -> str:
+    """What an upload of `media` asked as `fmt` is: text, chat-jsonl or preference-jsonl."""
+    if fmt == "text" or (fmt == "auto" and media == "text/plain"):
+        return "text"
+    return "preference-jsonl" if fmt == "preference-jsonl" else "chat-jsonl"
+
+
+def parse(body: bytes, media: str, fmt: str) -> Parsed:
+    """Check an upload; Problem (invalid-request) naming the lines that are wrong."""
+    check_format(fmt)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise _bad("", f"not UTF-8 text ({error})") from None
-    if fmt == "text" or (fmt == "auto" and media == "text/plain"):
+    kind = _kind(media, fmt)
+    if kind == "text":
         lines = [line for line in text.splitlines() if line.strip()]
         if not lines:
             raise _bad("", "the text is empty")
         return Parsed("text", lines, ".txt", body)
     records = _records(text, media)
-    kind = "preference-jsonl" if fmt == "preference-jsonl" else "chat-jsonl"
     check = _preference if kind == "preference-jsonl" else _chat
     errors = [e for i, r in enumerate(records) if (e := check(i, r))]
     if errors:
@@ -90,20 +103,63 @@ def _records(text: str, media: str) -> list[Any]:
             raise _bad("", "a JSON body must be a non-empty array of records")
         refuse_unwritable(records)
         return records
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(nesting.loads(line))
-        except nesting.TooDeep as error:
-            raise too_deep(error, f"line {n}: {error.msg}", f"/line/{n}") from None
-        except json.JSONDecodeError as error:
-            raise _bad(f"/line/{n}", f"line {n}: not JSON ({error.msg})") from None
-        refuse_unwritable(records[-1], f"/line/{n}")
+    records = [_record(line, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not records:
         raise _bad("", "no records")
     return records
+
+
+def _record(line: str, n: int) -> Any:
+    """Line `n` of a JSON-lines upload, parsed; Problem naming the line when it is not JSON,
+    is nested too deep or holds what no JSON answer carries."""
+    try:
+        record = nesting.loads(line)
+    except nesting.TooDeep as error:
+        raise too_deep(error, f"line {n}: {error.msg}", f"/line/{n}") from None
+    except json.JSONDecodeError as error:
+        raise _bad(f"/line/{n}", f"line {n}: not JSON ({error.msg})") from None
+    refuse_unwritable(record, f"/line/{n}")
+    return record
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """An upload spooled to a file, checked: its format, examples and sha256."""
+
+    format: str
+    examples: int
+    sha256: str
+
+
+def scan(path: Path, media: str, fmt: str) -> Scanned:
+    """Check an upload of JSON lines or text that was spooled to `path`, reading it one line
+    at a time (never the whole of it in memory) while hashing it; the same Problems as
+    `parse`."""
+    check_format(fmt)
+    kind = _kind(media, fmt)
+    check = _preference if kind == "preference-jsonl" else _chat
+    digest, n, examples, bad, shown = hashlib.sha256(), 0, 0, 0, []
+    with open(path, "rb") as f:
+        for raw in f:
+            digest.update(raw)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise _bad("", f"not UTF-8 text (line {n + 1}: {error})") from None
+            for line in text.splitlines():
+                n += 1
+                if not line.strip():
+                    continue
+                if kind != "text" and (found := check(examples, _record(line, n))):
+                    bad += 1
+                    shown += [found][: _MAX_SHOWN - len(shown)]
+                examples += 1
+    if not examples:
+        raise _bad("", "the text is empty" if kind == "text" else "no records")
+    if bad:
+        message = f"{bad} of {examples} records are not {kind} records"
+        raise Problem("invalid-request", message, shown)
+    return Scanned(kind, examples, digest.hexdigest())
 
 
 def _messages_problem(value: Any, name: str) -> str | None:
@@ -169,30 +225,56 @@ class Datasets:
         parsed = parse(body, media, fmt)
         content = parsed.content
         dataset_id = "ds_" + hashlib.sha256(content).hexdigest()
+
+        def write(data: Path) -> None:
+            tmp = data.with_name(f".{data.name}.tmp")
+            tmp.write_bytes(content)
+            tmp.replace(data)
+
+        shape = (parsed.format, parsed.suffix, len(parsed.examples), len(content))
+        return self._store(dataset_id, shape, name, write)
+
+    def spool_path(self) -> Path:
+        """A new temporary file's name in the datasets' folder, for an upload as it arrives."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self.root / f".upload-{secrets.token_hex(8)}.tmp"
+
+    def add_file(self, path: Path, media: str, fmt: str, name: str | None) -> tuple[dict, bool]:
+        """(view, created): the dataset of an upload spooled to `path` (JSON lines or text),
+        checked a line at a time and moved into place: the upload is never in memory whole.
+        `path` is gone or left for the caller to remove."""
+        scanned = scan(path, media, fmt)
+        suffix = ".txt" if scanned.format == "text" else ".jsonl"
+        shape = (scanned.format, suffix, scanned.examples, path.stat().st_size)
+        return self._store("ds_" + scanned.sha256, shape, name, path.replace)
+
+    def _store(
+        self, dataset_id: str, shape: tuple[str, str, int, int], name: str | None, write
+    ) -> tuple[dict, bool]:
+        """Store a checked dataset (`shape`: format, suffix, examples, bytes) unless it is
+        known; `write(data_path)` puts its bytes in place."""
+        kind, suffix, examples, size = shape
         with self.lock:
             known = self.view(dataset_id)
             if known is not None:
                 return known, False
             used = sum(v["bytes"] for v in self.all())
-            if used + len(content) > self.max_total:
+            if used + size > self.max_total:
                 raise Problem(
                     "payload-too-large",
-                    f"the datasets would take {used + len(content)} bytes, over "
+                    f"the datasets would take {used + size} bytes, over "
                     f"max_datasets_bytes ({self.max_total}); delete some first",
                     meta={"max_datasets_bytes": self.max_total, "used_bytes": used},
                 )
             folder = self.folder(dataset_id)
             folder.mkdir(parents=True, exist_ok=True)
-            data = folder / f"data{parsed.suffix}"
-            tmp = data.with_name(f".{data.name}.tmp")
-            tmp.write_bytes(content)
-            tmp.replace(data)
+            write(folder / f"data{suffix}")
             view = {
                 "id": dataset_id,
                 "sha256": dataset_id[3:],
-                "format": parsed.format,
-                "bytes": len(content),
-                "examples": len(parsed.examples),
+                "format": kind,
+                "bytes": size,
+                "examples": examples,
                 "created_at": iso(now_ms()),
                 "name": name,
                 "stats": {"measured": False},

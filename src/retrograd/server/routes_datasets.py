@@ -3,7 +3,9 @@
 `POST /v1/datasets?name=&format=auto|text|jsonl|preference-jsonl` takes JSON lines
 (`application/x-ndjson`), a JSON array of records (`application/json`) or a text
 (`text/plain`), up to `max_dataset_bytes`; 201 for a new dataset, 200 when the same content was
-uploaded before. A run names a dataset by its id where a file path goes. Storage and checks
+uploaded before. JSON lines and text are written to a temporary file as they arrive and
+checked from it a line at a time, so an upload of max_dataset_bytes costs little memory; a JSON
+array is read and parsed whole. A run names a dataset by its id where a file path goes. Storage and checks
 are datasets.py's.
 """
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict
 
+from retrograd.server.datasets import check_format
 from retrograd.server.documents import check_file
 from retrograd.server.guard import BoundedRoute
 from retrograd.server.problems import Problem
@@ -38,8 +41,20 @@ async def upload(
             f"{media or 'no content type'}: send {', '.join(MEDIA)}",
         )
     media = "application/x-ndjson" if media == "application/jsonl" else media
-    body = await request.body()
-    view, created = await asyncio.to_thread(_datasets(request).add, body, media, format, name)
+    datasets = _datasets(request)
+    if media == "application/json":  # one array: read and parsed whole
+        body = await request.body()
+        view, created = await asyncio.to_thread(datasets.add, body, media, format, name)
+    else:  # JSON lines or text: spooled to disk as it arrives, then checked line by line
+        check_format(format)
+        spool = datasets.spool_path()
+        try:
+            with open(spool, "wb") as out:
+                async for chunk in request.stream():
+                    out.write(chunk)
+            view, created = await asyncio.to_thread(datasets.add_file, spool, media, format, name)
+        finally:
+            spool.unlink(missing_ok=True)
     response.status_code = 201 if created else 200
     return view
 
