@@ -1,8 +1,9 @@
 """A small OpenAI-compatible chat completions client (httpx), for `collect --api` and
 `scenarios generate`: one POST /chat/completions per call, retried with backoff on transient
-failures (a lost connection, a timeout, 408, 429 and 5xx). Knows the wire format, not what the
-answers mean. The API key is read from the environment variable the run file names, once,
-before any request; the key itself never goes in a file.
+failures (a lost connection, a timeout, 408, 429 and 5xx); a reply over 16 MiB is read no
+further and fails at once (replies.py). Knows the wire format, not what the answers mean.
+The API key is read from the environment variable the run file names, once, before any
+request; the key itself never goes in a file.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import httpx
 
 from retrograd import nesting
 from retrograd.errors import ConfigError, RetrogradError
+from retrograd.replies import ReplyTooLarge, cap_replies
 
 TRANSIENT = (408, 409, 429)
+REPLY_BYTES = 16 << 20  # the most one reply may hold: past it the request fails, not retried
 
 
 class EndpointError(RetrogradError):
@@ -49,10 +52,14 @@ class ChatEndpoint:
     ):
         self.base_url, self.model, self.where = base_url.rstrip("/"), model, where
         self.max_retries, self.backoff = max_retries, backoff
-        self.client = httpx.Client(
-            base_url=self.base_url,
-            timeout=timeout,
-            headers={"Authorization": f"Bearer {key}"},
+        self.client = cap_replies(
+            httpx.Client(
+                base_url=self.base_url,
+                timeout=timeout,
+                headers={"Authorization": f"Bearer {key}"},
+            ),
+            REPLY_BYTES,
+            where,
         )
 
     def complete(self, messages: list[dict], **params: Any) -> dict:
@@ -69,6 +76,8 @@ class ChatEndpoint:
             except httpx.TransportError as e:  # connection refused or lost, timeouts
                 last = f"{type(e).__name__}: {e}"
                 continue
+            except ReplyTooLarge as e:  # asked again, it would read as much
+                raise EndpointError(f"{e} from {self.base_url}") from None
             if reply.status_code in TRANSIENT or reply.status_code >= 500:
                 last = f"HTTP {reply.status_code}: {reply.text[:300]}"
                 continue
