@@ -309,13 +309,20 @@ class Datasets:
         return self.folder(dataset_id) / f"data{suffix}"
 
     def examples(self, dataset_id: str, limit: int | None = None) -> list[Any]:
+        """The first `limit` examples (all without one), the file read only as far as they
+        reach, a line at a time."""
         view = self.need(dataset_id)
-        text = self.data_path(dataset_id).read_text(encoding="utf-8")
-        if view["format"] == "text":
-            found = [line for line in text.splitlines() if line.strip()]
-        else:
-            found = _records(text, "application/x-ndjson")
-        return found[:limit] if limit is not None else found
+        found: list[Any] = []
+        with open(self.data_path(dataset_id), encoding="utf-8") as f:
+            n = 0
+            for raw in f:
+                for line in raw.splitlines():
+                    n += 1
+                    if line.strip():
+                        found.append(line if view["format"] == "text" else _record(line, n))
+                if limit is not None and len(found) >= limit:
+                    return found[:limit]
+        return found
 
     def delete(self, dataset_id: str) -> None:
         self.need(dataset_id)

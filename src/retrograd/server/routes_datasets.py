@@ -91,7 +91,7 @@ async def preview(request: Request, dataset_id: str, limit: int = Query(5, ge=1,
     return {
         "id": dataset_id,
         "format": view["format"],
-        "examples": datasets.examples(dataset_id, limit),
+        "examples": await asyncio.to_thread(datasets.examples, dataset_id, limit),
     }
 
 

@@ -199,3 +199,15 @@ def test_an_upload_is_spooled_to_disk_and_checked_a_line_at_a_time(client, media
     assert view["bytes"] == len(body) and view["examples"] == len(body) // len(text)
     assert view["id"] == "ds_" + hashlib.sha256(body).hexdigest()
     assert not [p for p in client.app.state.datasets.root.iterdir() if p.name.startswith(".")]
+
+
+def test_a_preview_reads_no_more_of_the_dataset_than_it_shows(client):
+    """The preview of 2 examples read and parsed the whole dataset (in the server's loop)."""
+    text = json.dumps({"messages": [{"role": "user", "content": "preview " * 40}]}) + "\n"
+    body = (text * (8 * 2**20 // len(text))).encode()
+    lines = {"Content-Type": "application/x-ndjson"}
+    dataset = client.post("/v1/datasets", content=body, headers=lines).json()["id"]
+    status, sent, peak = _peak_of(client, f"/v1/datasets/{dataset}/preview?limit=2")
+    assert status == 200 and sent < 4096 and peak < 2**20, (status, sent, peak)
+    shown = client.get(f"/v1/datasets/{dataset}/preview", params={"limit": 2}).json()
+    assert shown["examples"] == [json.loads(text)] * 2
