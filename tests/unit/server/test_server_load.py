@@ -1,7 +1,9 @@
-"""What one client with the token can make the server hold: a long run's event replay and its
-metrics are read from events.jsonl a bounded piece at a time (the whole journal was parsed
-into memory per stream, and under the store's lock per metrics query), and event streams have
-a limit of their own (they were not counted at all).
+"""What one client with the token can make the server hold or spend: a long run's event
+replay and its metrics are read from events.jsonl a bounded piece at a time (the whole journal
+was parsed into memory per stream, and under the store's lock per metrics query); event streams
+have a limit of their own (they were not counted at all); a body of 100,000 unknown keys
+answers 101 problems (it answered 100,000); a dataset upload is spooled to disk and checked a
+line at a time, and a preview reads no further than it shows (both read the whole dataset).
 """
 
 from __future__ import annotations
