@@ -124,8 +124,18 @@ class DenseCache:
     def n_bytes(self) -> int:
         pairs = [*self._int8.values(), *self._int8_stacks.values()]
         held = [*self._store.values(), *(t for pair in pairs for t in pair)]
-        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+        own = dict(_storage(t) for t in held)
         return sum(own.values())  # a stack's views counted once
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(a key of the storage, its bytes): views of one storage share the key; a copy packed
+    for oneDNN (an opaque tensor, no storage to read) is its own, of its elements' bytes."""
+    try:
+        storage = t.untyped_storage()
+    except (NotImplementedError, RuntimeError):
+        return id(t), t.numel() * t.element_size()
+    return storage.data_ptr(), storage.nbytes()
 
 
 class FrozenTensor:
