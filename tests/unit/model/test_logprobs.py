@@ -20,6 +20,8 @@ from retrograd.trainable.lora import attach_lora
         ("gemma2", "off", 7, 4),
         ("qwen3", "on", 1, 16),
         ("granite", "off", 3, 4),  # logits divided by logit_scale
+        ("gemma3", "int8", 8, 5),  # tiles of the 8-bit rows against their product
+        ("llama", "int8", 3, 0),
     ],
 )
 def test_tiled_head_equals_plain(tiny_model, name, cache, tiles, seq_chunk):
