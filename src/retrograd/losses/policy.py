@@ -15,7 +15,11 @@ spec and the peers differ (rl-math.md §3.1-3.4; the spec wins):
   the GSPO-token form of verl and Tinker, s_t = sg[s] · π_t / sg[π_t]: the same value on every
   token of an answer, and every token gets s·A·∇log π_t, so per-token advantages still work.
 - KL toward the reference: Schulman's k3 per token, e^x − x − 1 with x = log π_ref − log π,
-  added to the loss as kl_coef · k3 (TRL GRPO), not subtracted from the reward.
+  added to the loss as kl_coef · k3 (TRL GRPO), not subtracted from the reward, but with k2's
+  gradient (verl's "k3+"): on the policy's samples k3's own gradient, (1 − π_ref/π)∇log π, is
+  in expectation that of KL(π_ref ‖ π), weighted by π_ref/π, unbounded where the policy has
+  made a token the reference likes rare; k2's, −x ∇log π, is in expectation that of
+  KL(π ‖ π_ref), the divergence k3's value estimates.
 - Aggregation: the DAPO token-mean Σ m·ℓ / N (TRL's "dapo", verl's "token-mean"), with N the
   trained tokens of the whole update: a caller that cuts an update into micro-batches passes
   the update's count as `normalizer`, so the pieces' gradients sum to the whole's. Departure
@@ -97,7 +101,7 @@ def policy_loss(
     if ref_logp is None:
         kl = surrogate.new_zeros(())
     else:
-        kl = (kl_k3(logp, _masked(ref_logp, keep, dtype)) * m).sum() / denom
+        kl = (kl_term(logp, _masked(ref_logp, keep, dtype)) * m).sum() / denom
     # Clipped where the clip's flat side is the one taken: the token gets no gradient.
     high = (ratio > 1.0 + clip_high) & (adv > 0)  # (B, T)
     low = (ratio < 1.0 - clip_low) & (adv < 0)  # (B, T)
@@ -120,6 +124,13 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     e^x − x − 1 with x = ref_logp − logp; ≥ 0, and 0 where the two agree."""
     x = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(x) - x - 1.0
+
+
+def kl_term(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per token: k3's value with k2's gradient, k3 + (k2 − sg[k2]) with k2 = x² / 2; on the
+    policy's own samples the expected gradient is that of KL(π ‖ π_ref)."""
+    k2 = 0.5 * (logp - ref_logp) ** 2
+    return kl_k3(logp, ref_logp).detach() + (k2 - k2.detach())
 
 
 def _token_ratio(logp: Tensor, log_ratio: Tensor, m: Tensor) -> Tensor:

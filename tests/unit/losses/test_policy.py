@@ -122,9 +122,10 @@ def test_k3_value_gradient_and_zero_at_the_reference():
     )  # fmt: skip
     assert out.kl.item() == pytest.approx((0.5 + math.log(2) - 1) / 2)
     assert out.loss.item() == pytest.approx(0.1 * out.kl.item())
-    # d k3 / d logp = 1 - e^x: 0.5 on the first token, 0 on the second; times beta / 2 tokens.
+    # the gradient is k2's, d (x^2 / 2) / d logp = -x: ln 2 on the first token, 0 on the
+    # second; times beta / 2 tokens (k3's own, 1 - e^x, would give 0.5 on the first)
     torch.testing.assert_close(
-        _grad(out.loss, logp), torch.tensor([[0.05 * 0.5, 0.0]], dtype=torch.float64)
+        _grad(out.loss, logp), torch.tensor([[0.05 * math.log(2), 0.0]], dtype=torch.float64)
     )
 
 
@@ -137,6 +138,37 @@ def test_k3_estimates_the_kl_of_torch_distributions():
     k3 = kl_k3(pi.log_prob(x), ref.log_prob(x))
     want = torch.distributions.kl_divergence(pi, ref).item()
     assert k3.mean().item() == pytest.approx(want, rel=0.02)
+
+
+def test_the_kl_terms_expected_gradient_is_that_of_kl_of_the_policy_to_the_reference():
+    """Oracle we did not write (torch's kl_divergence, differentiated): on the policy's own
+    samples the KL term's gradient is, in expectation, the gradient of KL(π ‖ π_ref), the
+    divergence its value estimates, not that of KL(π_ref ‖ π) (k3's own gradient, weighted by
+    π_ref / π: unbounded where the policy made a token the reference likes rare). Exact
+    expectation over a categorical policy: Σ_y π(y) ∇ loss(y)."""
+    gen = torch.Generator().manual_seed(0)
+    theta = (2 * torch.randn(6, generator=gen, dtype=torch.float64)).requires_grad_()
+    ref = torch.log_softmax(torch.randn(6, generator=gen, dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    p = logp.exp().detach()
+    expected = sum(
+        p[y]
+        * policy_loss(
+            logp[y].view(1, 1),
+            logp[y].detach().view(1, 1),
+            torch.zeros(1, dtype=torch.float64),
+            torch.ones(1, 1),
+            clip_low=LOW,
+            clip_high=HIGH,
+            ref_logp=ref[y].view(1, 1),
+            kl_coef=1.0,
+        ).loss
+        for y in range(6)
+    )
+    got = torch.autograd.grad(expected, theta)[0]
+    pi = torch.distributions.Categorical(logits=theta)
+    toward = torch.distributions.kl_divergence(pi, torch.distributions.Categorical(logits=ref))
+    torch.testing.assert_close(got, torch.autograd.grad(toward, theta)[0])
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -202,13 +234,19 @@ def test_gradcheck_float64(level):
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]], dtype=torch.bool)
     adv = torch.tensor([0.7, -1.2, 0.4], dtype=torch.float64)
 
-    def f(lp):
+    def loss(lp):
         return policy_loss(
             lp, old, adv, mask, clip_low=LOW, clip_high=HIGH, level=level,
             ref_logp=ref, kl_coef=0.2,
         ).loss  # fmt: skip
 
+    def f(lp):  # the surrogate plus 0.2 x the mean k2 (x^2 / 2), whose gradient the KL term has
+        surrogate = policy_loss(lp, old, adv, mask, clip_low=LOW, clip_high=HIGH, level=level)
+        k2 = (0.5 * (lp - ref) ** 2 * mask).sum() / mask.sum()
+        return surrogate.loss + 0.2 * k2
+
     assert torch.autograd.gradcheck(f, (logp,))
+    torch.testing.assert_close(_grad(loss(logp), logp), _grad(f(logp), logp))
 
 
 def test_per_token_advantages_equal_broadcast_ones():

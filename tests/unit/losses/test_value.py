@@ -104,10 +104,11 @@ def test_ppo_surrogate_with_one_clip_range_and_kl_toward_the_sampling_policy():
     assert out.kl.item() == pytest.approx(sum(k3) / 3)
     assert out.loss.item() == pytest.approx(out.surrogate.item() + beta * sum(k3) / 3)
     (g,) = torch.autograd.grad(out.loss, logp)
-    # d/dlogp: surrogate −A ρ / 3 on the unclipped token only; KL β (1 − 1/ρ) / 3 on each
+    # d/dlogp: surrogate −A ρ / 3 on the unclipped token only; the KL term's is k2's,
+    # β log ρ / 3 on each (losses/policy.py: k3's value, k2's gradient)
     want = [
-        beta * (1 - 1 / 1.5) / 3,
-        beta * (1 - 1 / 0.5) / 3,
-        (-2.0 * 1.1 + beta * (1 - 1 / 1.1)) / 3,
+        beta * math.log(1.5) / 3,
+        beta * math.log(0.5) / 3,
+        (-2.0 * 1.1 + beta * math.log(1.1)) / 3,
     ]
     np.testing.assert_allclose(g[0].numpy(), want, rtol=1e-9)
