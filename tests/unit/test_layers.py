@@ -25,7 +25,7 @@ ROOT = "retrograd"  # the package root, src/retrograd/__init__.py
 # the rows below
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "seeds", "nesting", "text", "version"),  # leaves
-    ("environ",),  # every environment variable, parsed once
+    ("environ", "replies"),  # every environment variable, parsed once; caps on HTTP replies
     ("threads",),  # thread count and OpenMP's wait policy
     ("compute",),  # the compute plan
     ("compiled", "losses", "gguf"),  # fused kernels; pure loss functions; the file format
