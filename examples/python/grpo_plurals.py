@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
         grpo_epochs=1,
         clip_range_low=0.2,
         clip_range_high=0.28,
-        kl_coefficient=0.0,
+        kl_coefficient=0.05,  # toward the base model, as examples/grpo/plurals.toml
         prompt_order="shuffled",
         sampling=GrpoSampling(temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1),
     )
