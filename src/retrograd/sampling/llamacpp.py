@@ -99,11 +99,18 @@ def gpu_offload() -> bool:
 
 
 class LlamaLog:
-    """llama.cpp's log kept from the terminal; its last error lines are quoted in our errors."""
+    """llama.cpp's log kept from the terminal; its last error lines are quoted in our errors.
+    One per process (`llama_log`): llama.cpp keeps the callback's pointer for the life of the
+    process, so the callback must never be freed (one a backend owned, freed with it, crashed
+    the next model load of any llama.cpp user in the process)."""
 
     def __init__(self, lib):
         self.lines: collections.deque[str] = collections.deque(maxlen=8)
         self._callback = lib.llama_log_callback(self._line)  # kept: llama.cpp holds a pointer
+        self.install(lib)
+
+    def install(self, lib) -> None:
+        """Make this the callback llama.cpp logs through (again, if another was set since)."""
         lib.llama_log_set(self._callback, ctypes.c_void_p(0))
 
     def _line(self, level: int, text: bytes, _user) -> None:
@@ -113,6 +120,19 @@ class LlamaLog:
     def tail(self) -> str:
         said = "; ".join(line for line in self.lines if line)
         return f" (llama.cpp: {said})" if said else ""
+
+
+_LOG: LlamaLog | None = None  # the process's one callback, never freed
+
+
+def llama_log(lib) -> LlamaLog:
+    """The process's llama.cpp log, installed as the callback llama.cpp logs through."""
+    global _LOG
+    if _LOG is None:
+        _LOG = LlamaLog(lib)
+    else:
+        _LOG.install(lib)
+    return _LOG
 
 
 @dataclass(eq=False)
@@ -141,7 +161,7 @@ class LlamaCppBackend:
         adapter, applied now and after every `policy_changed` (None: the base model);
         n_vocab: the logits' width the run expects (checked against llama.cpp's)."""
         self.lib = load_library()
-        self.log = LlamaLog(self.lib)
+        self.log = llama_log(self.lib)
         self.lib.llama_backend_init()
         self.chooser, self.settings, self.adapter = chooser, settings, adapter
         self.path = Path(model_path)

@@ -235,3 +235,38 @@ def test_refusals_name_what_llama_cpp_said(fresh):
         LlamaCppBackend(path, chooser, EXACT, bad)
     with pytest.raises(RolloutBackendError, match="could not load the model"):
         LlamaCppBackend(path.with_name("missing.gguf"), chooser, EXACT)
+
+
+LOADS_AFTER_A_CLOSED_BACKEND = """
+import gc, sys, torch, retrograd, llama_cpp
+from retrograd.sampling.engine import TokenChooser
+from retrograd.sampling.llamacpp import LlamaCppBackend, LlamaCppSettings
+path = sys.argv[1]
+model = retrograd.load(path, device="cpu", dtype=torch.float32)
+settings = LlamaCppSettings(threads=1, sequences=2, ctx=64, batch=64, kv_f32=True, flash=False)
+for _ in range(2):
+    b = LlamaCppBackend(path, TokenChooser(model.tokenizer, max_len=64), settings, None)
+    b.close()
+    del b
+    gc.collect()
+    for _ in range(3):  # the model load logs through whatever callback llama.cpp holds
+        llama_cpp.Llama(path, n_ctx=64, verbose=False)
+print("loaded")
+"""
+
+
+def test_a_closed_backend_leaves_llama_cpp_a_live_log_callback(tiny_model):
+    """llama.cpp keeps the log callback's pointer for the life of the process: after a backend
+    is closed and collected, the next model load of any llama.cpp user in the process logs
+    through it (a callback the backend owned, freed with it, crashed the suite's next load)."""
+    import subprocess
+    import sys
+
+    path = tiny_model("llama")
+    done = subprocess.run(
+        [sys.executable, "-c", LOADS_AFTER_A_CLOSED_BACKEND, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
