@@ -29,6 +29,16 @@ def _quiet(_level, _text, _user_data) -> None:
     """llama.cpp's log, dropped (it prints every graph it builds)."""
 
 
+_QUIET = None  # the callback, made once and never freed: llama.cpp keeps its pointer
+
+
+def quiet_llama(llama_cpp) -> None:
+    global _QUIET
+    if _QUIET is None:
+        _QUIET = llama_cpp.llama_log_callback(_quiet)
+    llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
+
+
 class LlamaBatched:
     """One model, a context per number of parallel sequences (made on first use)."""
 
@@ -36,8 +46,7 @@ class LlamaBatched:
         import llama_cpp
 
         self.lib = llama_cpp
-        self._log = llama_cpp.llama_log_callback(_quiet)  # kept: llama.cpp holds a pointer
-        llama_cpp.llama_log_set(self._log, ctypes.c_void_p(0))
+        quiet_llama(llama_cpp)
         llama_cpp.llama_backend_init()
         self.threads, self.ctx_per_seq = threads, ctx_per_seq
         params = llama_cpp.llama_model_default_params()
