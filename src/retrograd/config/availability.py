@@ -132,14 +132,15 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("training", "fast_sampling_context"): _entry(
         ELSEWHERE,
-        "read by ppo, grpo, on-policy distill, agent_grpo, bench, chat and serve; sft, offline "
-        "distill and preference sample nothing",
+        "read by ppo, grpo, on-policy distill, agent_grpo, bench, chat, serve and the run "
+        "server's live chat; sft, offline distill and preference sample nothing",
     ),
     ("training", "kv_dtype"): _entry(
         HONOURED,
         "honoured by sft and offline distill (the cache of a window's earlier passes; f32 when "
         "compute is f32) and by the sampler of ppo, grpo, on-policy distill, agent_grpo, bench, "
-        "chat and serve with fast_sampling_context (f16 is 16 bits: bf16 on a bf16 compute "
+        "chat, serve and the run server's live chat with fast_sampling_context (f16 is 16 "
+        "bits: bf16 on a bf16 compute "
         "path; exact sampling keeps f32); no effect on preference, which keeps no cache",
     ),
     ("training", "rollout_backend"): _entry(
