@@ -24,8 +24,10 @@ its own, with bench/tuning.py's process tuning and `--threads` threads on every 
     its phases: generation, reward, scoring, optimizer, other; and the optimizer pass's
     trained answer tokens a second with their MFU (the same FLOPs per trained token);
   - generation at 1 and 8 sequences (128-token prompts, 128 new tokens, greedy, end of
-    generation ignored): ours (bench/generate.py's sampler) and llama.cpp decoding as many
-    sequences in parallel (bench/llamacpp.py), each alone in its process with its peak RSS.
+    generation ignored): ours (bench/generate.py's sampler) with the cache `auto` chooses and
+    with the weights in 8 bits (=int8; one run where `auto` chooses it), and llama.cpp
+    decoding as many sequences in parallel (bench/llamacpp.py), each alone in its process
+    with its peak RSS; the report gives our peaks over llama.cpp's.
 Our GRPO and generation runs get the cache `auto` would choose (on when the dense weights fit in
 40% of the memory available, else the 8-bit store when it fits in 60%, else off), fixed by the
 driver so that the estimate matches the run.
@@ -77,6 +79,7 @@ SIDES = {
     "sft_peer": "SFT peer, PEFT + transformers",
     "grpo": "GRPO update, ours",
     "gen_ours": "generation, ours",
+    "gen_int8": "generation, ours, 8-bit",
     "gen_llama": "generation, llama.cpp",
 }
 
@@ -129,6 +132,7 @@ def estimates(s: LlamaShape, file_bytes: int, args) -> dict[str, int]:
         "gen_ours": base
         - (dense if mode == "1" else 0)  # packed copies, not both
         + batch * (args.gen_prompt + args.gen_new) * kv_rows,
+        "gen_int8": kept + batch * (args.gen_prompt + args.gen_new) * kv_rows,
         "gen_llama": file_bytes
         + batch * (args.gen_prompt + args.gen_new + 8) * kv_rows // 2  # f16 cache
         + int(0.6 * GIB),
@@ -243,7 +247,11 @@ def plan(args) -> list[tuple[str, dict]]:
     if not args.skip_grpo:
         sides.append(("grpo", {}))
     if not args.skip_generate:
-        sides += [("gen_ours", {}), ("gen_llama", {})]
+        sides += [
+            ("gen_ours", {}),
+            ("gen_int8", {"RETRO_DEQUANT_CACHE": "int8"}),
+            ("gen_llama", {}),
+        ]
     return sides
 
 
@@ -254,6 +262,7 @@ WORKERS = {
     "sft_peer": "sft_peer",
     "grpo": "grpo",
     "gen_ours": "gen_ours",
+    "gen_int8": "gen_ours",
     "gen_llama": "gen_llama",
 }
 
@@ -268,6 +277,8 @@ def measure(size: str, args) -> dict:
         for side, env in plan(args):
             if side in ("grpo", "gen_ours"):  # what `auto` chooses now, fixed for the estimate
                 env = {"RETRO_DEQUANT_CACHE": auto_cache(s, args)}
+            if side == "gen_int8" and auto_cache(s, args) == "int8":
+                continue  # `auto` keeps this size in 8 bits: gen_ours measured it
             est = estimates(s, file_size(size), args)[side]
             avail = host_memory()[1]
             row = {"estimate_bytes": est, "available_bytes": avail, "cache_env": env}
@@ -345,7 +356,25 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
                 if v and k != "sft_on"
             )
         )
+    lines += generation_memory(r)
     return lines
+
+
+def generation_memory(r: dict) -> list[str]:
+    """Our generation's peak RSS over llama.cpp's, in each cache mode measured."""
+    llama = r.get("gen_llama", {}).get("maxrss_mib")
+    ours = {
+        r[k]["cache_env"].get("RETRO_DEQUANT_CACHE"): r[k]["maxrss_mib"]
+        for k in ("gen_ours", "gen_int8")
+        if r.get(k, {}).get("maxrss_mib")
+    }
+    if not llama or not ours:
+        return []
+    names = {"1": "dense cache", "int8": "8-bit store", "0": "cache off"}
+    return [
+        "generation peak RSS against llama.cpp's: "
+        + ", ".join(f"{names[k]} {v / llama:.2f}x" for k, v in ours.items())
+    ]
 
 
 def optimizer_rate(m: dict) -> float:
@@ -385,7 +414,7 @@ def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: flo
             f"{name + f', {b} sequence(s)':<38} {rate:8.1f} {'':>6} {peak:>10} {'':>10} {est:>9}"
             + (
                 f"  cache {m['cache_env'].get('RETRO_DEQUANT_CACHE', '-')}"
-                if side == "gen_ours"
+                if side in ("gen_ours", "gen_int8")
                 else ""
             )
         )
