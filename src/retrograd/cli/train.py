@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     sinks = Sinks(console=console) if world.main else Sinks.quiet()  # rank 0 alone reports
     try:
         table.run(cfg, resume=args.resume, sinks=sinks, run_file=args.config)
-        distributed.barrier()  # the ranks leave together, once rank 0 has written the output
+        distributed.last_barrier()  # the ranks leave together, rank 0's output written
     except KeyboardInterrupt:
         sinks.fail("interrupted")
         raise

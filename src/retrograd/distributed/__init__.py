@@ -7,6 +7,9 @@ The API every loop uses:
                                 (gloo on a CPU, nccl on CUDA, [training].dist_timeout_seconds);
                                 outside torchrun (or one rank) World(0, 1, 0, None)
   world() -> World              the current one;  close_world() at the end of the command
+  last_barrier()                the command's last collective, once rank 0 has written the
+                                output: the ranks leave together, and no gloo worker thread
+                                touches a Python object after it (the interpreter's teardown)
   share(n, world) -> list[int]  this rank's items of n: contiguous blocks in rank order, so the
                                 shares together and in order are one process's n items
   check_traits(traits, world, where)  a loop's traits (algorithms/table.py) against the world:
@@ -27,6 +30,7 @@ step of one process. Rank 0 alone prints, writes metrics, checkpoints' metadata 
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import logging
 from collections.abc import Sequence
@@ -145,6 +149,32 @@ def barrier() -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+def last_barrier() -> None:
+    """The command's last collective (every rank, once rank 0 has written the output): the
+    ranks leave together, and afterwards no gloo worker thread touches a Python object.
+
+    NOTE: why its Work is kept to the end of the process. A gloo Work is deleted by whoever
+    drops its last reference, often the gloo worker thread that ran it (after waking the
+    waiter), and a barrier's Work holds weak references to every Work still running or queued
+    when it was issued, whose tensors live until the barrier's Work is deleted. Deleting a
+    tensor that Python has seen releases its Python object, which takes the GIL; a thread
+    that asks for the GIL while the interpreter finalizes is ended with pthread_exit, whose
+    unwinding through a noexcept destructor aborts the process ("terminate called without an
+    active exception", SIGABRT) after a run that had finished (seen on the rank that waits
+    while rank 0 writes, under fsdp2, whose device mesh keeps the group and its threads alive
+    past close_world). A Work a worker thread has finished with is deleted before the barrier
+    is issued (both under gloo's work lock), or else the barrier holds it; kept here, the
+    barrier's Work and every Work it holds are never deleted by a worker thread, which only
+    drops its own reference to the barrier's."""
+    if not _WORLD.active:
+        return
+    import torch.distributed as dist
+
+    work = dist.barrier(async_op=True)
+    work.wait()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))  # never released, teardown included
 
 
 def broadcast_object(obj, src: int = 0):

@@ -152,3 +152,54 @@ def test_a_loop_under_torchrun_without_the_world_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="torchrun started 2 ranks but this process has not"):
         distributed.wrap_trainable(None, None, World())
+
+
+def _held_after(end, rank: int) -> int:
+    """A broadcast still running on rank 1 when `end` (the barrier) is issued: rank 0 sends a
+    second later and rank 1 has let go of its Work, as broadcast_object does of its own once
+    waited. The references to the broadcast's tensor beyond Python's own, half a second after
+    `end` returned (time for the gloo worker threads to finish with their Works)."""
+    import sys
+    import time
+
+    import torch.distributed as dist
+
+    t = torch.zeros(4)
+    alone = sys.getrefcount(t)
+    if rank == 0:
+        time.sleep(1.0)
+    dist.broadcast(t, src=0, async_op=True)  # its Work dropped at once
+    end()
+    time.sleep(0.5)
+    return sys.getrefcount(t) - alone
+
+
+def _last_barrier_ranks(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    distributed._WORLD = World(rank, 2, rank, "gloo", "ddp")
+    plain = _held_after(distributed.barrier, rank)
+    last = _held_after(distributed.last_barrier, rank)
+    out.put((rank, plain, last))
+    distributed.close_world()
+
+
+def test_the_last_barrier_keeps_what_a_gloo_worker_thread_would_release():
+    """The premise: after a plain barrier, the broadcast that was running when it was issued is
+    released by whoever deletes the barrier's Work, often a gloo worker thread, which takes the
+    GIL to release the tensor's Python object (an abort if the interpreter is finalizing).
+    After last_barrier nothing of it is released: the tensor keeps the Work's reference."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_last_barrier_ranks, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {r: (plain, last) for r, plain, last in (out.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert results[1] == (0, 1)  # rank 1's broadcast ran past the barrier's start
+    assert results[0][0] == 0
