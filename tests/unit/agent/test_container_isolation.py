@@ -17,6 +17,7 @@ import time
 import pytest
 
 from retrograd.agent.container import INIT_USER, ContainerPool, ContainerSpec
+from retrograd.agent.container_scripts import WORKDIR
 from retrograd.agent.seccomp import DENIED, profile
 from retrograd.config.agent import ContainerPool as PoolSettings
 from retrograd.errors import ConfigError, EnvironmentFailure
@@ -281,10 +282,11 @@ FOUND = textwrap.dedent(
     for name in ("shm", "msg", "sem"):
         rows = open(f"/proc/sysvipc/{name}").read().splitlines()[1:]
         print(name, len(rows))
+    work = WORKDIR  # the container's workspace
     print("files", sorted(glob.glob("/dev/shm/*") + glob.glob("/dev/mqueue/*")
-                          + glob.glob("/work/*") + glob.glob("/work/.*")))
+                          + glob.glob(work + "/*") + glob.glob(work + "/.*")))
     """
-)
+).replace("WORKDIR", repr(WORKDIR))
 
 
 def test_reuse_workspace_leaves_nothing_for_the_next_lease(pool):
