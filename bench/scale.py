@@ -1,7 +1,8 @@
 """Llama-shaped models at 1B, 3B and 8B: speed, memory and where each side stops fitting, one run.
 
-  .venv/bin/python bench/scale.py [--sizes 1b,3b,8b] [--steps 4] [--threads 2] [--skip-peer]
-                                  [--skip-grpo] [--skip-generate] [--quick] [--json OUT]
+  .venv/bin/python bench/scale.py [--sizes 1b,3b,8b] [--steps 4] [--threads 2] [--skip-sft]
+                                  [--skip-peer] [--skip-grpo] [--skip-generate] [--quick]
+                                  [--json OUT]
                                   [--build-only] [--build-threads N] [--rest 10]
 
 The models: the shapes of Llama 3.2 1B, Llama 3.2 3B and Llama 3.1 8B with random weights and
@@ -22,7 +23,9 @@ its own, with bench/tuning.py's process tuning and `--threads` threads on every 
   - one GRPO update of ours (4 prompts x 8 answers x 64 new tokens, bench/grpo.py's update,
     rewarded by answer length so that random answers differ), after one warm-up update, with
     its phases: generation, reward, scoring, optimizer, other; and the optimizer pass's
-    trained answer tokens a second with their MFU (the same FLOPs per trained token);
+    trained answer tokens a second with its MFU: 4 x the layers' matrices over every position
+    the pass runs (each group's prompt once, then its answers) plus 4 x the output product
+    over the answer tokens, a second, over the matmul rate;
   - generation at 1 and 8 sequences (128-token prompts, 128 new tokens, greedy, end of
     generation ignored): ours (bench/generate.py's sampler) with the cache `auto` chooses and
     with the weights in 8 bits (=int8; one run where `auto` chooses it), and llama.cpp
@@ -237,12 +240,14 @@ def build(size: str, args) -> dict:
 
 def plan(args) -> list[tuple[str, dict]]:
     """(side, extra environment) in the order measured."""
-    sides = [
-        ("sft_on", {"RETRO_DEQUANT_CACHE": "1"}),
-        ("sft_int8", {"RETRO_DEQUANT_CACHE": "int8"}),
-        ("sft_off", {"RETRO_DEQUANT_CACHE": "0"}),
-    ]
-    if not args.skip_peer:
+    sides = []
+    if not args.skip_sft:
+        sides += [
+            ("sft_on", {"RETRO_DEQUANT_CACHE": "1"}),
+            ("sft_int8", {"RETRO_DEQUANT_CACHE": "int8"}),
+            ("sft_off", {"RETRO_DEQUANT_CACHE": "0"}),
+        ]
+    if not args.skip_peer and not args.skip_sft:
         sides.append(("sft_peer", {}))
     if not args.skip_grpo:
         sides.append(("grpo", {}))
@@ -345,7 +350,7 @@ def report_size(size: str, r: dict, args, peak_flops: float) -> list[str]:
         if "error" in m:
             lines.append(f"{name:<38} FAILED: {m['error']} (estimate {est})")
             continue
-        lines += side_rows(side, name, m, est, fpt, peak_flops)
+        lines += side_rows(side, name, m, est, s, peak_flops)
     rates = {k: r[k].get("tok_s") for k in ("sft_on", "sft_int8", "sft_off") if k in r}
     if rates.get("sft_on") and (rates.get("sft_int8") or rates.get("sft_off")):
         lines.append(
@@ -379,15 +384,32 @@ def generation_memory(r: dict) -> list[str]:
 
 def optimizer_rate(m: dict) -> float:
     """Trained answer tokens a second of the GRPO update's optimizer pass (its forward and
-    backward over the answers, the prompts' positions uncounted, and AdamW's step) over the
-    timed updates: their answer tokens times the trained fraction."""
+    backward, and AdamW's step) over the timed updates: their answer tokens times the trained
+    fraction."""
     n = len(m["updates"])
     pairs = zip(m["answer_tokens"][-n:], m["trained_fraction"][-n:], strict=True)
     tokens = sum(t * f for t, f in pairs)
     return tokens / max(1e-9, sum(u["optimizer"] for u in m["updates"]))
 
 
-def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: float) -> list[str]:
+def optimizer_flops(m: dict, s: LlamaShape) -> float:
+    """FLOPs a second of the optimizer pass over the timed updates: 4 x the layers' matrices
+    over every position they run (each group's prompt once, then its answers; the prompts'
+    keys and values take the adapters' gradient too) and 4 x the output product over the
+    answer tokens it scores."""
+    n = len(m["updates"])
+    seconds = max(1e-9, sum(u["optimizer"] for u in m["updates"]))
+    rows = zip(
+        m["positions"][-n:], m["answer_tokens"][-n:], m["trained_fraction"][-n:], strict=True
+    )
+    flops = sum(f * 4 * (p * s.block_params() + t * s.head_params()) for p, t, f in rows)
+    return flops / seconds
+
+
+def side_rows(
+    side: str, name: str, m: dict, est: str, s: LlamaShape, peak_flops: float
+) -> list[str]:
+    fpt = flops_per_token(s)
     peak = f"{m['maxrss_mib'] / 1024:8.2f} GiB"
     if side.startswith("sft"):
         train = f"{m['train_peak_mib'] / 1024:8.2f} GiB" if m.get("train_peak_mib") else "?"
@@ -402,11 +424,12 @@ def side_rows(side: str, name: str, m: dict, est: str, fpt: int, peak_flops: flo
             f"{k} {u[k]:.1f}" for k in ("generation", "reward", "scoring", "optimizer", "other")
         )
         rate = optimizer_rate(m)
-        tok_s, mfu = f"{rate:8.1f}", f"{rate * fpt / peak_flops:6.1%}"
+        tok_s, mfu = f"{rate:8.1f}", f"{optimizer_flops(m, s) / peak_flops:6.1%}"
         return [
             f"{name:<38} {tok_s} {mfu} {peak:>10} {gib(m['train_peak_mib']):>10} {est:>9}  "
             f"update {u['total']:.1f} s: {phases}; trained fraction {m['trained_fraction'][-1]}; "
-            f"cache {m['cache_env'].get('RETRO_DEQUANT_CACHE')}; tok/s and MFU: the optimizer pass"
+            f"cache {m['cache_env'].get('RETRO_DEQUANT_CACHE')}; tok/s and MFU: the optimizer pass "
+            f"(tok/s: answer tokens; MFU: its products over every position they run)"
         ]
     rows = []
     for b, rate in m["tok_s"].items():
@@ -465,6 +488,7 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed SFT steps first (>= 1)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--build-threads", type=int, default=None, help="quantizer threads")
+    p.add_argument("--skip-sft", action="store_true", help="none of the SFT sides (ours or peer)")
     p.add_argument("--skip-peer", action="store_true", help="no PEFT + transformers SFT")
     p.add_argument("--skip-grpo", action="store_true")
     p.add_argument("--skip-generate", action="store_true")

@@ -237,7 +237,26 @@ def worker_grpo(args) -> dict:
         )
     )
     args.warmup = args.warmup_updates  # measure_ours times the updates after the warm-up
-    return grpo_sides.measure_ours(args, run_grpo, run_file)
+    positions = count_positions()
+    return grpo_sides.measure_ours(args, run_grpo, run_file) | {"positions": positions}
+
+
+def count_positions() -> list[int]:
+    """Per optimizer pass of this process (policy.train), the positions its frozen products
+    run over: each group's prompt once (the shared-prefix fan-out), then its answers' tokens.
+    The list fills as the passes run."""
+    from retrograd.algorithms import policy
+
+    seen: list[int] = []
+    train = policy.train
+
+    def counted(run, backend, own, *rest, **kw):
+        prompts = {id(r.prompt): len(r.prompt.ids) for r in own}
+        seen.append(sum(r.n_tokens for r in own) + sum(prompts.values()))
+        return train(run, backend, own, *rest, **kw)
+
+    policy.train = counted
+    return seen
 
 
 # -- generation: ours and llama.cpp, each alone ----------------------------------------------

@@ -8,7 +8,12 @@ import torch
 import torch.nn.functional as F
 
 import retrograd
-from retrograd.model.logprobs import sequence_logprobs, token_logprobs, token_nll_sum
+from retrograd.model.logprobs import (
+    _frozen_head,
+    sequence_logprobs,
+    token_logprobs,
+    token_nll_sum,
+)
 from retrograd.trainable.lora import attach_lora
 
 
@@ -67,6 +72,31 @@ def test_bf16_tiles_stay_close(tiny_model):
     assert abs(tiled.item() - plain.item()) < 1e-3 * abs(plain.item())
     assert g_tiled.shape == h.shape
     torch.testing.assert_close(g_tiled, g_plain, rtol=0.02, atol=0.02 * g_plain.abs().max())
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+def test_float32_tiles_in_a_bf16_model_keep_float32_values_and_a_close_gradient(tiny_model, cache):
+    """The rollout scores' float32 tiles in a bf16 model: the log-probabilities are the float32
+    product's whether or not a gradient is wanted (the gradient's product runs in bf16), and
+    the gradient stays within bf16's rounding of the all-float32 one."""
+    m = retrograd.load(tiny_model("llama"), device="cpu", dtype=torch.bfloat16, cache=cache)
+    torch.manual_seed(0)
+    h = torch.randn(21, m.config.n_embd, requires_grad=True)
+    t = torch.randint(0, m.config.n_vocab, (21,))
+    opts = {"tiles": 3, "seq_chunk": 8, "head_dtype": torch.float32}
+    with torch.no_grad():
+        alone = token_logprobs(m.decoder, h, t, **opts)
+    lp = token_logprobs(m.decoder, h, t, **opts)
+    assert torch.equal(lp.detach(), alone)  # the values do not depend on the gradient's dtype
+    (g,) = torch.autograd.grad(lp.sum(), h)
+    w = _frozen_head(m.decoder).dense(torch.float32)  # (n_vocab, n_embd)
+    logits = h.detach().float() @ w.T  # the float32 reference, plain
+    exact = F.log_softmax(logits, -1).gather(1, t[:, None])[:, 0]
+    torch.testing.assert_close(alone, exact, rtol=1e-5, atol=1e-4)
+    (g32,) = torch.autograd.grad(F.log_softmax(h.float() @ w.T, -1).gather(1, t[:, None]).sum(), h)
+    cos = F.cosine_similarity(g.flatten(), g32.flatten(), dim=0)
+    assert cos > 0.9999, cos
+    assert (g - g32).norm() < 0.01 * g32.norm()
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
