@@ -27,8 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 import argparse
-import collections
-import json
 import os
 import tempfile
 import time
@@ -90,13 +88,6 @@ def main() -> None:
     timed_passes = passes[1:]
     wall_us = sum(x["s"] for x in timed_passes) * 1e6
     out = {} if args.no_profile else profile_sft.table(prof, wall_us, len(timed_passes))
-    if not args.no_profile:  # each share's heaviest operators (own time)
-        by = collections.defaultdict(collections.Counter)
-        for e in prof.events():
-            share = profile_sft.share_of(e)
-            if e.device_type.name == "CPU" and share is not None:
-                by[share][e.name] += e.self_cpu_time_total / wall_us
-        out["top_ops"] = {k: dict(c.most_common(5)) for k, c in by.items()}
     shape = scale.SHAPES[args.size]
     rate = max(rates) * 1e12
     seconds = sum(x["s"] for x in timed_passes)
@@ -117,17 +108,7 @@ def main() -> None:
         f"{out['tok_s']:.1f} answer tok/s"
         + ("" if args.no_profile else "; profiler on, so on the low side")
     )
-    for k, v in out.get("shares", {}).items():
-        print(f"  {k:<22} {v:6.1%}")
-    for share, ops in out.get("top_ops", {}).items():
-        print(f"  {share}: " + ", ".join(f"{k} {v:.1%}" for k, v in ops.items()))
-    if "other_ops" in out:
-        ops = ", ".join(f"{k} {v:.1%}" for k, v in out["other_ops"].items())
-        print(f"  other operators: {ops}")
-    if args.trace and not args.no_profile:
-        prof.export_chrome_trace(args.trace)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    profile_sft.finish(out, prof, args)
 
 
 if __name__ == "__main__":

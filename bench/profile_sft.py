@@ -126,7 +126,7 @@ def share_of(event) -> str:
 
 def table(prof, wall_us: float, steps: int) -> dict:
     own = collections.Counter()
-    ops = collections.Counter()
+    ops = collections.defaultdict(collections.Counter)  # share -> operator -> own time
     for e in prof.events():
         if e.device_type.name != "CPU":
             continue
@@ -134,14 +134,15 @@ def table(prof, wall_us: float, steps: int) -> dict:
         if share is None:  # the matmul probe between steps
             continue
         own[share] += e.self_cpu_time_total
-        if share == "other operators":
-            ops[e.name] += e.self_cpu_time_total
+        ops[share][e.name] += e.self_cpu_time_total
     inside = sum(v for k, v in own.items() if k != "Python and overhead")
     own["Python and overhead"] = max(0.0, wall_us - inside)
     return {
         "step_s": wall_us / steps / 1e6,
         "shares": {k: own[k] / wall_us for k in SHARES},
-        "other_ops": {k: v / wall_us for k, v in ops.most_common(8)},
+        "top_ops": {
+            k: {name: t / wall_us for name, t in ops[k].most_common(5)} for k in SHARES if ops[k]
+        },
     }
 
 
@@ -248,11 +249,15 @@ def main() -> None:
     print(
         f"{args.size}: {out['step_s']:.2f} s a step ({args.steps} profiled); steps {times}; {info}"
     )
+    finish(out, prof, args)
+
+
+def finish(out: dict, prof, args) -> None:
+    """Print the shares and each one's heaviest operators; write --trace and --json."""
     for k, v in out.get("shares", {}).items():
         print(f"  {k:<22} {v:6.1%}")
-    if "other_ops" in out:
-        ops = ", ".join(f"{k} {v:.1%}" for k, v in out["other_ops"].items())
-        print(f"  other operators: {ops}")
+    for share, ops in out.get("top_ops", {}).items():
+        print(f"  {share}: " + ", ".join(f"{k} {v:.1%}" for k, v in ops.items()))
     if args.trace and not args.no_profile:
         prof.export_chrome_trace(args.trace)
     if args.json:

@@ -209,9 +209,9 @@ class _TiledHeadCE(torch.autograd.Function):
                     target_grad[rows] += w_t
                 if grad_dtype is None:
                     acc = acc * scale[:, None] + (e @ w).float()
-                else:  # the compute dtype's copy of the tile (the cache's, when it is on)
-                    wg = weight.row_block(v0, v0 + z16.shape[1], grad_dtype)
-                    acc = acc * scale[:, None] + (e.to(grad_dtype) @ wg).float()
+                else:  # the tile cast (a cached copy of the head in grad_dtype would cost
+                    # its memory beside the float32 one: 0.5 GiB at 1B)
+                    acc = acc * scale[:, None] + (e.to(grad_dtype) @ w.to(grad_dtype)).float()
         lse = m + torch.log(s)  # (N,)
         if want_grad:
             ctx.save_for_backward((acc / s[:, None] - target_grad)[:n_real])
