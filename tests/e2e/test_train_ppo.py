@@ -78,7 +78,7 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path, ena
     # the second pass of each update has moved away from the sampler: KL > 0, some clipping
     assert max(scalars(tb, "policy/kl").values()) > 0
     assert max(scalars(tb, "policy/clip_fraction").values()) > 0
-    critic_tags = ("policy/value_loss", "critic/feature_mib")
+    critic_tags = ("policy/value_loss", "critic/feature_mib", "critic/explained_variance")
     for tag in critic_tags:
         assert bool(scalars(tb, tag)) == enabled, tag
     if enabled:
@@ -89,6 +89,10 @@ def test_reward_rises_on_a_task_with_an_obvious_signal(chat_model, tmp_path, ena
             assert v == pytest.approx(16 * length[step] * n_embd * 4 / 2**20), (step, v)
         losses = list(scalars(tb, "policy/value_loss").values())
         assert all(np.isfinite(losses))
+        # the head starts at zero: its first values explain nothing, later ones something
+        explained = scalars(tb, "critic/explained_variance")
+        assert explained[min(explained)] == pytest.approx(0.0, abs=1e-9)
+        assert all(np.isfinite(list(explained.values()))) and len(set(explained.values())) > 1
 
 
 def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):

@@ -41,7 +41,7 @@ import torch
 from retrograd.algorithms import context, frame, policy
 from retrograd.algorithms.evaluate import prompt_evaluation
 from retrograd.errors import TrainingError
-from retrograd.losses.value import gae, value_loss, whiten
+from retrograd.losses.value import explained_variance, gae, value_loss, whiten
 from retrograd.observe import names
 from retrograd.rewards.callables import open_rewards
 from retrograd.rewards.program import RewardRequest
@@ -160,7 +160,9 @@ def _advantages_of(run, critic, answers: list[Rollout], own: list[Rollout], valu
     cfg, t1 = run.cfg, time.perf_counter()
     features = _score_features(cfg, run.model.decoder, own) if critic else None
     old = _old_values(critic, features, run.world) if critic else None
-    returns, values[names.ADVANTAGE_STD] = _advantages(cfg, answers, old)
+    returns, values[names.ADVANTAGE_STD], explained = _advantages(cfg, answers, old)
+    if math.isfinite(explained):
+        values[names.EXPLAINED_VARIANCE] = explained
     values[names.SCORING_SECONDS] = time.perf_counter() - t1
     signal = any(np.any(r.token_advantages != 0) for r in answers)
     for r in answers:
@@ -212,28 +214,31 @@ def _old_values(critic: ValueHead, features, world) -> list[np.ndarray]:
     return spread.everyone(mine, world)
 
 
-def _advantages(cfg, answers: list[Rollout], old) -> tuple[torch.Tensor | None, float]:
+def _advantages(cfg, answers: list[Rollout], old) -> tuple[torch.Tensor | None, float, float]:
     """Per-token advantages into each answer's token_advantages (whitened over the update's
     tokens) and its mean into `advantage`; `old`: the head's values of each answer's tokens
-    (None without a critic). -> the critic's targets, (B, T) padded, or None without one, and
-    the advantages' standard deviation over the tokens before whitening."""
+    (None without a critic). -> the critic's targets, (B, T) padded, or None without one, the
+    advantages' standard deviation over the tokens before whitening, and the share of the
+    returns' variance the old values explain (NaN without a critic)."""
     c = cfg.ppo.critic
     width = max(r.n_tokens for r in answers)
     mask = padded([np.ones(r.n_tokens, np.float32) for r in answers], width)  # (B, T)
     rewards = torch.zeros(len(answers), width, dtype=torch.float64)  # (B, T)
     for i, r in enumerate(answers):
         rewards[i, r.n_tokens - 1] = r.reward
+    explained = float("nan")
     if old is None:  # the answer's reward on every token: GAE with V = 0, γ = λ = 1
         adv, ret = gae(rewards, torch.zeros_like(rewards), mask, gamma=1.0, lam=1.0)
     else:
         v = padded(old, width)  # (B, T)
         adv, ret = gae(rewards, v, mask, gamma=c.gamma, lam=c.gae_lambda)
+        explained = explained_variance(v, ret, mask)
     spread_before = float(adv[mask.bool()].std(unbiased=False))
     adv = whiten(adv, mask)  # (B, T)
     for i, r in enumerate(answers):
         r.token_advantages = adv[i, : r.n_tokens].numpy().astype(np.float32)
         r.advantage = float(r.token_advantages.mean())
-    return (ret if old is not None else None), spread_before
+    return (ret if old is not None else None), spread_before, explained
 
 
 def _train_critic(

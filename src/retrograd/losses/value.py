@@ -10,6 +10,10 @@ whose mask is 1 on each answer's tokens (a prefix of its row) and 0 on padding. 
   the value targets (TRL's PPO, verl's compute_gae_advantage_return).
 - Whitening over the batch's trained tokens: mean 0, unit variance (TRL's `whiten`, without
   its shift-back). A batch whose advantages are all equal carries no signal: all zeros.
+- Explained variance 1 − Var(R − V) / Var(R) over the mask's positions (verl's
+  critic/vf_explained_var), of the values the head gave before it trained on the batch: 1 for
+  a head that predicts every return, 0 for one no better than the batch's mean, below 0 for
+  one that adds noise.
 - Value loss ½ · Σ m (V − R)² / N, the token mean over the batch. No value clipping (verl's
   cliprange_value): the spec has no key for it, and the head trains on stored features with
   its own optimizer, so it cannot drag the policy along.
@@ -67,3 +71,17 @@ def value_loss(values: Tensor, returns: Tensor, mask: Tensor, normalizer: float 
     err = torch.where(keep, values.to(dtype) - returns.to(dtype), torch.zeros((), dtype=dtype))
     denom = keep.sum().clamp(min=1) if normalizer is None else float(normalizer)
     return 0.5 * (err * err).sum() / denom
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 − Var(R − V) / Var(R) over the mask's positions (population variances, float64);
+    NaN where the returns do not vary (nothing to explain)."""
+    keep = mask.bool()
+    v, r = values[keep].to(torch.float64), returns[keep].to(torch.float64)
+    if r.numel() == 0:
+        return float("nan")
+    var_r = ((r - r.mean()) ** 2).mean()
+    if var_r <= WHITEN_EPS:
+        return float("nan")
+    err = r - v
+    return float(1.0 - ((err - err.mean()) ** 2).mean() / var_r)

@@ -70,9 +70,11 @@ EVAL_REWARD_MIN = "eval/reward_min"
 EVAL_REWARD_MAX = "eval/reward_max"
 
 # PPO (formats.md §7.2): the reward, policy and evaluation names above, and with the critic on
-# the value head's loss (mean over its value_epochs passes) and its stored features' size.
+# the value head's loss (mean over its value_epochs passes), its stored features' size and how
+# much of the returns' variance its values (before it trains on the batch) explain.
 VALUE_LOSS = "policy/value_loss"
 FEATURE_MIB = "critic/feature_mib"
+EXPLAINED_VARIANCE = "critic/explained_variance"
 
 # Preference (formats.md §7.2): means over the step's pairs. chosen_logps / rejected_logps are
 # summed log-probabilities of the answers' written tokens (nats); rewards, margin and accuracy

@@ -1,6 +1,6 @@
 """PPO's critic side against references written here from the formulas: GAE on random rewards
 and values (gamma < 1, lambda 0 and 1), whitening, the value loss and PPO's clipped surrogate
-with a KL toward the sampling policy on hand-computed numbers."""
+with a KL toward the sampling policy on hand-computed numbers, the critic's explained variance."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from retrograd.losses.policy import policy_loss
-from retrograd.losses.value import gae, value_loss, whiten
+from retrograd.losses.value import explained_variance, gae, value_loss, whiten
 
 
 def reference_gae(rewards, values, gamma, lam):
@@ -112,3 +112,26 @@ def test_ppo_surrogate_with_one_clip_range_and_kl_toward_the_sampling_policy():
         (-2.0 * 1.1 + beta * math.log(1.1)) / 3,
     ]
     np.testing.assert_allclose(g[0].numpy(), want, rtol=1e-9)
+
+
+def test_explained_variance_of_perfect_constant_and_noisy_values():
+    torch.manual_seed(0)
+    returns = torch.rand(4, 6, dtype=torch.float64)
+    mask = torch.ones(4, 6)
+    mask[1, 4:] = 0  # padding: whatever it holds is not read
+    junk = returns.clone()
+    junk[1, 4:] = 1e6
+    assert explained_variance(returns, junk, mask) == pytest.approx(1.0)
+    # a constant (the batch's mean or any other) explains nothing
+    assert explained_variance(torch.full_like(returns, 0.3), returns, mask) == pytest.approx(0.0)
+    # values uncorrelated with the returns add their own variance
+    noisy = torch.rand(4, 6, dtype=torch.float64)
+    ev = explained_variance(noisy, returns, mask)
+    keep = mask.bool()
+    want = 1 - (returns - noisy)[keep].var(unbiased=False) / returns[keep].var(unbiased=False)
+    assert ev == pytest.approx(float(want)) and ev < 0
+
+
+def test_explained_variance_is_nan_where_the_returns_do_not_vary():
+    returns = torch.full((2, 3), 0.75)
+    assert math.isnan(explained_variance(torch.zeros(2, 3), returns, torch.ones(2, 3)))
