@@ -10,9 +10,8 @@ custom autograd function keeps only the hidden states and each position's gradie
 otherwise need 1 MiB of float32 per token, twice). A head with trainable parts (a LoRA on
 `output`, a bias) takes a checkpointed chunk path so its parameters still get gradients. Both
 equal the plain path (tests/unit/model/test_logprobs.py). Results are float32; `head_dtype`
-sets the tiles' product dtype (float32 where a value feeds a ratio: the rollout loops' scores);
-the gradient's product (softmax times the head) runs in the decoder's compute dtype, like every
-other product of backward, whatever the tiles' (docs/exactness.md).
+sets the tiles' product dtype (float32 where a value feeds a ratio: the rollout loops' scores,
+whose gradient's product then runs in float32 too, docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ def token_logprobs(
         if frozen is not None:
             dtype = head_dtype or decoder.compute_dtype
             cap = decoder.cfg.final_softcap
-            grad_dtype = decoder.compute_dtype
-            parts.append(-_TiledHeadCE.apply(hc, tc, frozen, dtype, tiles, cap, grad_dtype))
+            parts.append(-_TiledHeadCE.apply(hc, tc, frozen, dtype, tiles, cap))
         else:
             parts.append(-checkpoint(_plain_nll, decoder, hc, tc, use_reentrant=False))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -165,20 +163,15 @@ class _TiledHeadCE(torch.autograd.Function):
     When h needs a gradient, forward also accumulates it: with an online softmax (running
     max m, running sum s), acc = sum_tiles exp(z - m) @ W is rescaled whenever m grows, and
     d(nll_i)/dh_i = acc_i / s_i - W[t_i] at the end. Each tile's logits are computed once (a fused
-    linear-cross-entropy); backward only scales the stored gradient. The logits are `dtype`'s
-    product, acc `grad_dtype`'s (the compute dtype: a bf16 model with float32 tiles keeps
-    float32 values and pays bf16's rate for half of the head's products). `tiles` bounds a tile's
+    linear-cross-entropy); backward only scales the stored gradient. `tiles` bounds a tile's
     memory; tiles wider than TILE_ROWS are walked TILE_ROWS at a time, which keeps each
     tile's logits in cache between the matmul and the fused softmax (about 1.7x faster on a
     262k vocabulary than 8 wide tiles).
     """
 
     @staticmethod
-    def forward(ctx, h, targets, weight: FrozenTensor, dtype, tiles: int, cap: float, grad_dtype):
+    def forward(ctx, h, targets, weight: FrozenTensor, dtype, tiles: int, cap: float):
         want_grad = ctx.needs_input_grad[0]
-        # the gradient's product in the compute dtype, like every other product of backward:
-        # float32 tiles (the values a ratio divides) need not make it float32 too
-        grad_dtype = grad_dtype if want_grad and grad_dtype != dtype else None
         hd = h.detach().to(dtype)
         n_real, pad = h.shape[0], -h.shape[0] % ROW_ALIGN
         if pad and dtype != torch.float32:  # zero rows: logits 0, finite, dropped at the end
@@ -207,11 +200,7 @@ class _TiledHeadCE(torch.autograd.Function):
                     if cap:
                         w_t *= (1 - (zt[rows] / cap) ** 2)[:, None]
                     target_grad[rows] += w_t
-                if grad_dtype is None:
-                    acc = acc * scale[:, None] + (e @ w).float()
-                else:  # the tile cast (a cached copy of the head in grad_dtype would cost
-                    # its memory beside the float32 one: 0.5 GiB at 1B)
-                    acc = acc * scale[:, None] + (e.to(grad_dtype) @ w.to(grad_dtype)).float()
+                acc = acc * scale[:, None] + (e @ w).float()
         lse = m + torch.log(s)  # (N,)
         if want_grad:
             ctx.save_for_backward((acc / s[:, None] - target_grad)[:n_real])
@@ -220,7 +209,7 @@ class _TiledHeadCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_out[:, None], None, None, None, None, None, None
+        return grad_h * grad_out[:, None], None, None, None, None, None
 
 
 class _SharedPrefix:

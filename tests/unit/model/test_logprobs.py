@@ -75,10 +75,10 @@ def test_bf16_tiles_stay_close(tiny_model):
 
 
 @pytest.mark.parametrize("cache", ["on", "off"])
-def test_float32_tiles_in_a_bf16_model_keep_float32_values_and_a_close_gradient(tiny_model, cache):
+def test_float32_tiles_in_a_bf16_model_are_float32_values_and_gradient(tiny_model, cache):
     """The rollout scores' float32 tiles in a bf16 model: the log-probabilities are the float32
-    product's whether or not a gradient is wanted (the gradient's product runs in bf16), and
-    the gradient stays within bf16's rounding of the all-float32 one."""
+    product's whether or not a gradient is wanted, and so is the gradient (the head is kept in
+    float32 both ways, as GPU RL trainers keep it; docs/exactness.md)."""
     m = retrograd.load(tiny_model("llama"), device="cpu", dtype=torch.bfloat16, cache=cache)
     torch.manual_seed(0)
     h = torch.randn(21, m.config.n_embd, requires_grad=True)
@@ -87,16 +87,14 @@ def test_float32_tiles_in_a_bf16_model_keep_float32_values_and_a_close_gradient(
     with torch.no_grad():
         alone = token_logprobs(m.decoder, h, t, **opts)
     lp = token_logprobs(m.decoder, h, t, **opts)
-    assert torch.equal(lp.detach(), alone)  # the values do not depend on the gradient's dtype
+    assert torch.equal(lp.detach(), alone)  # the values do not depend on the gradient
     (g,) = torch.autograd.grad(lp.sum(), h)
     w = _frozen_head(m.decoder).dense(torch.float32)  # (n_vocab, n_embd)
-    logits = h.detach().float() @ w.T  # the float32 reference, plain
-    exact = F.log_softmax(logits, -1).gather(1, t[:, None])[:, 0]
+    exact = F.log_softmax(h.detach() @ w.T, -1).gather(1, t[:, None])[:, 0]
     torch.testing.assert_close(alone, exact, rtol=1e-5, atol=1e-4)
-    (g32,) = torch.autograd.grad(F.log_softmax(h.float() @ w.T, -1).gather(1, t[:, None]).sum(), h)
-    cos = F.cosine_similarity(g.flatten(), g32.flatten(), dim=0)
-    assert cos > 0.9999, cos
-    assert (g - g32).norm() < 0.01 * g32.norm()
+    (g32,) = torch.autograd.grad(F.log_softmax(h @ w.T, -1).gather(1, t[:, None]).sum(), h)
+    # float32 products: equal up to the order of float32 sums (a bf16 product would be ~1e-2)
+    torch.testing.assert_close(g, g32, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])
