@@ -4,6 +4,7 @@ are the head's targets."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,8 +34,8 @@ def _cfg(gamma=1.0, lam=0.95):
 
 def test_without_a_critic_every_token_carries_its_answers_whitened_reward():
     answers = _answers([1.0, 0.0, 0.5], [2, 3, 1])
-    returns, spread = _advantages(_cfg(), answers, None)
-    assert returns is None
+    returns, spread, explained = _advantages(_cfg(), answers, None)
+    assert returns is None and math.isnan(explained)  # no critic, nothing explained
     tokens = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 0.5])  # each answer's reward on its tokens
     assert spread == pytest.approx(tokens.std())  # batch/advantage_std: before whitening
     want = (tokens - tokens.mean()) / tokens.std()
@@ -59,7 +60,7 @@ def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():
     features = [torch.randn(3, 4), torch.randn(2, 4)]
     gamma, lam = 0.9, 0.8
     old = _old_values(head, features, World())  # one process: its own answers' values
-    returns, spread = _advantages(_cfg(gamma, lam), answers, old)
+    returns, spread, explained = _advantages(_cfg(gamma, lam), answers, old)
     raw, rets = [], []
     for a, f in zip(answers, features, strict=True):
         v = head(f).detach().double().numpy()
@@ -80,3 +81,6 @@ def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(returns[0, :3].numpy(), rets[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(returns[1, :2].numpy(), rets[1], rtol=1e-5, atol=1e-6)
+    # critic/explained_variance: 1 - Var(R - V) / Var(R) over the tokens, R - V the raw GAE
+    all_returns = np.concatenate(rets)
+    assert explained == pytest.approx(1 - flat.var() / all_returns.var(), rel=1e-6)
