@@ -72,9 +72,7 @@ def main() -> None:
         seconds = time.perf_counter() - t
         if profiled:
             prof.stop()
-        answers = sum(r.n_tokens for r in own)
-        prompts = {id(r.prompt): len(r.prompt.ids) for r in own}
-        passes.append({"s": seconds, "answer": answers, "all": answers + sum(prompts.values())})
+        passes.append({"s": seconds, "answer": sum(r.n_tokens for r in own)})
         rates.append(profile_sft.matmul_rate())
         return out
 
@@ -84,7 +82,9 @@ def main() -> None:
             model=str(model), size=args.size, workdir=workdir, threads=args.threads,
             prompts=4, group=8, new=64, ctx=1024, warmup_updates=args.updates,
         )  # fmt: skip
-        scale_sides.worker_grpo(ns)
+        counted = scale_sides.worker_grpo(ns)["positions"]  # scale.py's count, per pass
+    for x, n in zip(passes, counted, strict=True):
+        x["all"] = n
     timed_passes = passes[1:]
     wall_us = sum(x["s"] for x in timed_passes) * 1e6
     out = {} if args.no_profile else profile_sft.table(prof, wall_us, len(timed_passes))
