@@ -256,3 +256,44 @@ def test_bad_values_are_refused_naming_the_key(chat_model, tmp_path):
     text = str(caught.value)
     assert "[ppo].clip_range = 1.5" in text
     assert "[ppo.critic].gae_lambda = 2.0" in text or "[ppo.critic].gae_lambda = 2" in text
+
+
+def test_the_reference_kl_term_holds_the_policy_near_the_reference(chat_model, tmp_path):
+    """reference_kl_coefficient > 0: the KL toward the base model (the adapter off) is 0 at
+    the first pass (a fresh adapter is the base model), is reported each update after, acts
+    from the first pass (unlike kl_coefficient, toward the sampler), and a large coefficient
+    ends nearer the reference than a negligible one on the same seeds."""
+    from retrograd.algorithms.ppo import run_ppo
+
+    final = {}
+    for coef in (1e-9, 5.0):
+        tmp = tmp_path / str(coef)
+        tmp.mkdir()
+        run = write_run(
+            tmp,
+            chat_model,
+            {"updates": 6, "ppo_epochs": 1, "reference_kl_coefficient": coef},
+            metrics='tensorboard_dir = "tb"',
+        )
+        result = run_ppo(load_run(run), run_file=run, sinks=sinks())
+        kl = scalars(tmp / "tb", "policy/reference_kl")
+        assert sorted(kl) == list(range(1, result.global_step + 1)), kl
+        assert kl[1] == pytest.approx(0.0, abs=1e-6)  # the first pass: adapter B = 0
+        assert all(v >= 0 for v in kl.values()) and max(kl.values()) > 0
+        # toward the sampler: 0 on every first pass, whatever the reference's term does
+        assert all(v == 0.0 for v in scalars(tmp / "tb", "policy/kl").values())
+        final[coef] = np.mean([kl[s] for s in sorted(kl)[-3:]])
+    assert final[5.0] < 0.5 * final[1e-9], final
+
+
+def test_reference_section_needs_a_term_that_reads_it(chat_model, tmp_path):
+    """[reference] with PPO is refused unless reference_kl_coefficient > 0 reads it."""
+    ref = f'model = "{chat_model}"'
+    run = write_run(tmp_path, chat_model, reference=ref)
+    with pytest.raises(ConfigError, match=r"\[reference\].*refused: no KL term"):
+        load_run(run)
+    run = write_run(tmp_path, chat_model, {"reference_kl_coefficient": 0.1}, reference=ref)
+    assert load_run(run).ppo.reference_kl_coefficient == 0.1
+    run = write_run(tmp_path, chat_model, {"reference_kl_coefficient": -1})
+    with pytest.raises(ConfigError, match=r"\[ppo\]\.reference_kl_coefficient = -1"):
+        load_run(run)

@@ -29,13 +29,15 @@ from retrograd.rollout.records import Rollout
 class Surrogate:
     """A section's surrogate keys: the clip range, the ratio's level (token, or sequence:
     GSPO), the KL coefficient, and whether the KL term is toward the reference (ref_logprobs)
-    or toward the policy that sampled (PPO: the old log-probabilities, reported at 0 too)."""
+    or toward the policy that sampled (PPO: the old log-probabilities, reported at 0 too);
+    anchor_coef: PPO's second KL term, toward the reference (ref_logprobs), on every pass."""
 
     clip_low: float
     clip_high: float
     level: str = "token"
     kl_coef: float = 0.0
     kl_to_old: bool = False
+    anchor_coef: float = 0.0
 
     @classmethod
     def of(cls, section, *, kl_coef: float | None = None) -> Surrogate:
@@ -46,7 +48,9 @@ class Surrogate:
             low, high = section.clip_range_low, section.clip_range_high
         level = getattr(section, "importance_sampling_level", "token")
         coef = section.kl_coefficient if kl_coef is None else kl_coef
-        return cls(low, high, level, coef, kl_to_old=hasattr(section, "clip_range"))
+        ppo = hasattr(section, "clip_range")
+        anchor = section.reference_kl_coefficient if ppo else 0.0
+        return cls(low, high, level, coef, kl_to_old=ppo, anchor_coef=anchor)
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,8 @@ def policy_pass(
     log-probabilities it computes (ratios exactly 1)."""
     training, decoder = run.cfg.training, run.model.decoder
     cap = shape.is_cap if shape.is_cap is not None else sampler_cap(training)
-    terms = PolicyTerms(shape.tokens, shape.answers, shape.by_answer, first, cap)
     s = surrogate
+    terms = PolicyTerms(shape.tokens, shape.answers, shape.by_answer, first, cap, s.anchor_coef > 0)
     for piece in pieces(own, training.micro_batch, fanout(training)):
         lps = score(decoder, own, piece, training)
         batch = [own[i] for i in piece.members]
@@ -131,6 +135,9 @@ def policy_pass(
             ref = padded([r.ref_logprobs for r in batch], width).to(dev)
         else:
             ref = None
+        anchor = None
+        if s.anchor_coef > 0:
+            anchor = padded([r.ref_logprobs for r in batch], width).to(dev)
         out = policy_loss(
             logp,
             old,
@@ -141,6 +148,8 @@ def policy_pass(
             level=s.level,
             ref_logp=ref,
             kl_coef=s.kl_coef,
+            anchor_logp=anchor,
+            anchor_coef=s.anchor_coef,
             normalizer=shape.normalizer,
         )
         out.loss.backward()

@@ -28,7 +28,18 @@ from retrograd.rollout.records import Rollout
 
 # the sums a pass adds up, piece by piece: loss terms (already over the update's tokens),
 # clip shares (weighted by the piece's share), first-pass log-probability totals
-_SUMS = ("loss", "surrogate", "kl", "clipped", "clipped_low", "clipped_high", "ratio", "gap", "nll")
+_SUMS = (
+    "loss",
+    "surrogate",
+    "kl",
+    "anchor_kl",
+    "clipped",
+    "clipped_low",
+    "clipped_high",
+    "ratio",
+    "gap",
+    "nll",
+)
 _IS_SUMS = ("is_weight", "is_truncated")  # the sampler's importance weights, token-weighted
 
 
@@ -51,6 +62,7 @@ class PolicyTerms:
     by_answer: bool = False
     first: bool = True
     is_cap: float | None = None
+    anchor: bool = False  # PPO's KL term toward the reference is on: report it
     sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SUMS + _IS_SUMS, 0.0))
     ratio_min: float = math.inf
     ratio_max: float = -math.inf
@@ -99,6 +111,7 @@ class PolicyTerms:
         s["loss"] += float(out.loss.detach())
         s["surrogate"] += float(out.surrogate.detach())
         s["kl"] += float(out.kl.detach())
+        s["anchor_kl"] += float(out.anchor_kl.detach())
         s["clipped"] += float(out.clip_fraction) * share
         s["clipped_low"] += float(out.clip_low_fraction) * share
         s["clipped_high"] += float(out.clip_high_fraction) * share
@@ -114,6 +127,7 @@ class PolicyTerms:
         lo, hi = min(e[0] for e in ends), max(e[1] for e in ends)
         tokens = max(self.tokens, 1.0)
         first = {names.SAMPLER_LOGPROB_GAP: s["gap"] / tokens, names.ENTROPY: s["nll"] / tokens}
+        anchor = {names.REFERENCE_KL: s["anchor_kl"]} if self.anchor else {}
         if self.is_cap is not None:
             first[names.SAMPLER_IS_WEIGHT_MEAN] = s["is_weight"]
             first[names.SAMPLER_IS_TRUNCATED] = s["is_truncated"]
@@ -128,5 +142,6 @@ class PolicyTerms:
             names.RATIO_MEAN: s["ratio"],
             names.RATIO_MIN: lo if math.isfinite(lo) else 1.0,
             names.RATIO_MAX: hi if math.isfinite(hi) else 1.0,
+            **anchor,
             **(first if self.first else {}),
         }

@@ -9,7 +9,12 @@ pass)  4. advantages  5. ppo_epochs optimizer passes (policy.py)  6. value_epoch
   advantages, averaged over the update's tokens (token mean), plus kl_coefficient times the k3
   estimate of KL toward the policy that sampled the batch (spec: not toward [reference]; the
   first pass's term is 0, later passes hold the policy near the sampler), not a per-token
-  reward penalty as in TRL's PPO;
+  reward penalty as in TRL's PPO; and, ours (the spec has no such key), plus
+  reference_kl_coefficient times the same term toward the reference (the base model with the
+  adapter off, or [reference].model), which acts from the first pass: the anchor TRL's PPO
+  has (as a per-token reward there) and GRPO's example needed, which holds the text the reward
+  does not score (after the answer) near the reference's. Off (0) by default; on, the
+  reference scores each answer once an update (step 3);
 - critic on: a linear value head on the model's final hidden states, read from features stored
   at feature_dtype by the scoring pass (it never back-propagates into the model); the reward
   is on the answer's last token, advantages by GAE (gamma, gae_lambda) with V = 0 after it,
@@ -47,7 +52,7 @@ from retrograd.rewards.callables import open_rewards
 from retrograd.rewards.program import RewardRequest
 from retrograd.rollout import spread
 from retrograd.rollout.metrics import answer_metrics, reward_metrics
-from retrograd.rollout.passes import fanout, hidden_states, padded, pieces
+from retrograd.rollout.passes import attach_logprobs, fanout, hidden_states, padded, pieces
 from retrograd.rollout.records import Rollout
 from retrograd.rollout.sample import PromptStream, pass_over, read_prompt_files, sample_groups
 from retrograd.sampling.backend import sampler_identity
@@ -57,6 +62,15 @@ log = logging.getLogger(__name__)
 VALUE_HEAD = "value-head.pt"  # the checkpoint artifact of the critic
 # [ppo] keys that change no step: a resumed run may change them
 _NOT_TRAJECTORY = {"prompts", "reward_command", "reward_mode", "reward_timeout_seconds"}
+
+
+def _not_trajectory(p) -> set[str]:
+    """The keys left out of the resume signature: those that change no step, and
+    reference_kl_coefficient at its default 0 (a checkpoint made before the key existed
+    resumes)."""
+    return _NOT_TRAJECTORY | (
+        {"reference_kl_coefficient"} if not p.reference_kl_coefficient else set()
+    )
 
 
 def total_steps(cfg) -> int:
@@ -77,12 +91,15 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
     files = read_prompt_files(cfg, p.prompts, "[ppo].prompts", extra_keys=bool(door.rewards))
     model = frame.model_of(cfg, door)
     prompts, held = files.render(context.chat_format(model), t.ctx)
-    settings = {"ppo": p.model_dump(mode="json", exclude=_NOT_TRAJECTORY), **sampler_identity(t)}
+    settings = {"ppo": p.model_dump(mode="json", exclude=_not_trajectory(p)), **sampler_identity(t)}
+    if p.reference_kl_coefficient > 0:
+        settings["reference"] = context.reference_id(cfg)
     inputs = frame.Inputs(files.fingerprints, settings, *files.described(prompts, held))
     label = "mean reward, first -> last update"
     shape = frame.Shape(total_steps(cfg), p.updates, "update", names.REWARD_MEAN, label)
     run = frame.open_run(cfg, model, door, inputs, shape, observe="ppo")
     critic = ValueHead(model.config.n_embd, p.critic.value_lr) if p.critic.enabled else None
+    anchor = context.reference(cfg, model, run.tr.adapters) if p.reference_kl_coefficient else None
     if critic is not None and run.restored is not None:
         critic.load_bytes(run.restored.artifacts[VALUE_HEAD])
     artifacts = {VALUE_HEAD: critic.state_bytes} if critic is not None else {}
@@ -102,8 +119,13 @@ def run_ppo(cfg, door=None, *, resume=None, sinks=None, run_file=None) -> frame.
             answers = [g.members[0] for g in groups]
             lo, hi = spread.block(len(answers), world)
             own = answers[lo:hi]  # this rank's: it scores and back-propagates these
-            # 3-4. the critic's features and old values; advantages (none equal: a signal)
+            # 3-4. the critic's features and old values; advantages (none equal: a signal);
+            # the reference's log-probabilities of this rank's answers (its KL term on)
             features, returns, signal = _advantages_of(run, critic, answers, own, values)
+            if anchor is not None and signal:
+                t2 = time.perf_counter()
+                attach_logprobs(anchor, run.model.decoder, own, t, "ref_logprobs")
+                values[names.SCORING_SECONDS] += time.perf_counter() - t2
             frame.observe_rollouts(run, update, groups)
             # 5. the policy: ppo_epochs passes, one optimizer step each
             step, t1 = pos.global_step, time.perf_counter()

@@ -106,6 +106,13 @@ class PpoSection(_RewardKeys):
     kl_coefficient: float = key(
         description="Penalty toward the policy that sampled the batch; at least 0.", ge=0
     )
+    reference_kl_coefficient: float = key(
+        0.0,
+        "Penalty toward the reference (the base model without the adapter, or "
+        "[reference].model) on every pass, as GRPO's kl_coefficient: it holds the text the "
+        "reward does not score near the reference's; at least 0, 0 turns it off.",
+        ge=0,
+    )
     critic: PpoCritic = key(PpoCritic(), "Value head settings.")
     sampling: PpoSampling = key(description="Sampling settings (all keys required).")
 

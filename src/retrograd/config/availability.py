@@ -192,8 +192,8 @@ ENTRIES: dict[tuple[str, str], Availability] = {
     ),
     ("reference", "*"): _entry(
         NOT_READ,
-        "refused for sft; honoured by grpo, on-policy distill and agent_grpo (KL penalty) and "
-        "by preference (dpo and ipo)",
+        "refused for sft; honoured by grpo, on-policy distill and agent_grpo (KL penalty), by "
+        "ppo (reference_kl_coefficient > 0) and by preference (dpo and ipo)",
     ),
     ("reference", "ctx"): _entry(
         HONOURED,

@@ -28,6 +28,8 @@ def kl_term(d: Draft) -> tuple[str, str] | None:
     algorithm = d.algorithm
     if algorithm == "grpo" and d.need("grpo").kl_coefficient > 0:
         return "grpo", "grpo.kl_coefficient > 0"
+    if algorithm == "ppo" and d.need("ppo").reference_kl_coefficient > 0:
+        return "ppo", "ppo.reference_kl_coefficient > 0"
     if algorithm == "agent_grpo" and d.need("agent").kl_coefficient > 0:
         return "agent", "agent.kl_coefficient > 0"
     distill = d.need("distill") if algorithm == "distill" else None
@@ -335,7 +337,8 @@ def reference_section(d: Draft) -> Iterator[Issue]:
         yield issue(
             "reference",
             None,
-            f"refused: no KL term of this {d.algorithm} run reads it (PPO's KL is toward the sampling policy)",
+            f"refused: no KL term of this {d.algorithm} run reads it (PPO's kl_coefficient is "
+            "toward the sampling policy; its reference_kl_coefficient > 0 reads [reference])",
         )
         return
     if reference is None and term is not None and d.mode != "lora" and d.algorithm != "preference":

@@ -20,6 +20,11 @@ spec and the peers differ (rl-math.md §3.1-3.4; the spec wins):
   in expectation that of KL(π_ref ‖ π), weighted by π_ref/π, unbounded where the policy has
   made a token the reference likes rare; k2's, −x ∇log π, is in expectation that of
   KL(π ‖ π_ref), the divergence k3's value estimates.
+- Two KL terms at once (PPO): `ref_logp` with `kl_coef` is the one KL term of GRPO, agentic
+  GRPO and distillation, and PPO's toward the policy that sampled the batch (the spec's
+  kl_coefficient); `anchor_logp` with `anchor_coef` is a second one of the same form, PPO's
+  reference_kl_coefficient toward the reference (TRL's PPO penalises KL to the reference as a
+  per-token reward; here it is the same k3-valued, k2-gradient term GRPO adds to its loss).
 - Aggregation: the DAPO token-mean Σ m·ℓ / N (TRL's "dapo", verl's "token-mean"), with N the
   trained tokens of the whole update: a caller that cuts an update into micro-batches passes
   the update's count as `normalizer`, so the pieces' gradients sum to the whole's. Departure
@@ -43,13 +48,15 @@ LOG_RATIO_LIMIT = 20.0  # e^20 ≈ 4.9e8: far past any clip range, far below flo
 
 @dataclass(frozen=True)
 class PolicyLossOut:
-    """Scalars; loss = surrogate + kl_coef · kl. loss, surrogate and kl carry the graph (all
-    divided by the same normalizer, so micro-batches' values sum to the update's); the two
-    statistics are detached means over this call's trained tokens (or answers)."""
+    """Scalars; loss = surrogate + kl_coef · kl + anchor_coef · anchor_kl. loss, surrogate,
+    kl and anchor_kl carry the graph (all divided by the same normalizer, so micro-batches'
+    values sum to the update's); the statistics are detached means over this call's trained
+    tokens (or answers)."""
 
     loss: Tensor
     surrogate: Tensor
     kl: Tensor
+    anchor_kl: Tensor  # toward anchor_logp (0 without one)
     clip_fraction: Tensor  # share of trained tokens (answers at sequence level) clipped
     ratio_mean: Tensor  # mean ρ over trained tokens, or mean s over answers
     clip_low_fraction: Tensor  # the part of clip_fraction below 1 − clip_low (advantage < 0)
@@ -69,9 +76,12 @@ def policy_loss(
     level: str = "token",
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
+    anchor_logp: Tensor | None = None,
+    anchor_coef: float = 0.0,
     normalizer: float | None = None,
 ) -> PolicyLossOut:
-    """logp, old_logp, ref_logp, mask: (B, T), padded; advantages: (B,) per answer or (B, T).
+    """logp, old_logp, ref_logp, anchor_logp, mask: (B, T), padded; advantages: (B,) per
+    answer or (B, T).
 
     normalizer: the token count the sums are divided by; default the trained tokens of this
     call (mask.sum()). Computed in float32 at least: bf16 and f16 inputs are promoted, float64
@@ -82,6 +92,8 @@ def policy_loss(
         raise ValueError(f"importance sampling level {level!r}: must be one of {list(IS_LEVELS)}")
     if kl_coef and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
+    if anchor_coef and anchor_logp is None:
+        raise ValueError("anchor_coef > 0 needs anchor_logp")
     dtype = torch.promote_types(logp.dtype, torch.float32)
     keep = mask.bool()  # (B, T)
     m = keep.to(dtype)  # (B, T)
@@ -102,14 +114,19 @@ def policy_loss(
         kl = surrogate.new_zeros(())
     else:
         kl = (kl_term(logp, _masked(ref_logp, keep, dtype)) * m).sum() / denom
+    if anchor_logp is None:
+        anchor_kl = surrogate.new_zeros(())
+    else:
+        anchor_kl = (kl_term(logp, _masked(anchor_logp, keep, dtype)) * m).sum() / denom
     # Clipped where the clip's flat side is the one taken: the token gets no gradient.
     high = (ratio > 1.0 + clip_high) & (adv > 0)  # (B, T)
     low = (ratio < 1.0 - clip_low) & (adv < 0)  # (B, T)
     r = ratio.detach()
     return PolicyLossOut(
-        loss=surrogate + kl_coef * kl,
+        loss=surrogate + kl_coef * kl + anchor_coef * anchor_kl,
         surrogate=surrogate,
         kl=kl,
+        anchor_kl=anchor_kl,
         clip_fraction=_stat_mean((high | low).to(dtype), m, by_answer),
         ratio_mean=_stat_mean(r, m, by_answer),
         clip_low_fraction=_stat_mean(low.to(dtype), m, by_answer),

@@ -38,6 +38,7 @@ TRAINED_FRACTION = "batch/trained_fraction"
 GROUPS_SAMPLED_FRACTION = "batch/groups_sampled_fraction"
 SURROGATE_LOSS = "policy/surrogate_loss"
 POLICY_KL = "policy/kl"
+REFERENCE_KL = "policy/reference_kl"  # PPO's KL term toward the reference, when it is on
 CLIP_FRACTION = "policy/clip_fraction"
 TOTAL_LOSS = "policy/total_loss"
 KL_COEFFICIENT = "policy/kl_coefficient"

@@ -128,6 +128,7 @@ PPO = {
         "ppo_epochs": 2,
         "clip_range": 0.1,
         "kl_coefficient": 0.05,
+        "reference_kl_coefficient": 0.02,
         "critic": {
             "enabled": False,
             "gamma": 0.99,

@@ -292,3 +292,29 @@ def test_refuses_an_unknown_level_and_kl_without_reference():
         policy_loss(x, x, torch.zeros(1), x, clip_low=LOW, clip_high=HIGH, level="answer")
     with pytest.raises(ValueError, match="ref_logp"):
         policy_loss(x, x, torch.zeros(1), x, clip_low=LOW, clip_high=HIGH, kl_coef=0.1)
+
+
+def test_the_anchor_is_a_second_kl_term_of_the_same_form():
+    """PPO's two KL terms: toward the sampler (ref_logp, kl_coef) and toward the reference
+    (anchor_logp, anchor_coef). The anchor's value and gradient are those of the one-term
+    loss with the anchor as its reference, and the loss adds the two with their weights."""
+    torch.manual_seed(4)
+    logp = (-torch.rand(3, 5) * 3).double().requires_grad_()
+    old = logp.detach() + torch.randn(3, 5, dtype=torch.float64) * 0.2
+    anchor = logp.detach() + torch.randn(3, 5, dtype=torch.float64) * 0.5
+    mask = torch.arange(5)[None, :] < torch.tensor([5, 2, 4])[:, None]
+    adv = torch.randn(3, 5, dtype=torch.float64)
+    kw = dict(clip_low=0.2, clip_high=0.2)
+    both = policy_loss(logp, old, adv, mask, ref_logp=old, kl_coef=0.1, anchor_logp=anchor,
+                       anchor_coef=0.3, **kw)  # fmt: skip
+    alone = policy_loss(logp, old, adv, mask, ref_logp=anchor, kl_coef=0.3, **kw)
+    to_old = policy_loss(logp, old, adv, mask, ref_logp=old, kl_coef=0.1, **kw)
+    torch.testing.assert_close(both.anchor_kl, alone.kl)
+    torch.testing.assert_close(both.kl, to_old.kl)
+    assert both.anchor_kl.item() > 0 and to_old.anchor_kl.item() == 0.0
+    torch.testing.assert_close(both.loss, both.surrogate + 0.1 * both.kl + 0.3 * both.anchor_kl)
+    g = _grad(both.loss, logp)
+    g_parts = _grad(alone.loss + to_old.loss - to_old.surrogate, logp)
+    torch.testing.assert_close(g, g_parts)
+    with pytest.raises(ValueError, match="anchor_coef > 0 needs anchor_logp"):
+        policy_loss(logp, old, adv, mask, anchor_coef=0.1, **kw)
