@@ -297,3 +297,37 @@ def test_reference_section_needs_a_term_that_reads_it(chat_model, tmp_path):
     run = write_run(tmp_path, chat_model, {"reference_kl_coefficient": -1})
     with pytest.raises(ConfigError, match=r"\[ppo\]\.reference_kl_coefficient = -1"):
         load_run(run)
+
+
+def test_the_reference_kl_term_at_the_reference_defaults(chat_model, tmp_path):
+    """ctx 128 with the reference's micro_batch (32): with reference_kl_coefficient on, the
+    term is summed over the update's tokens whatever the pieces, so one answer a pass gives
+    the reference KL and the adapter of passes of several answers (128)."""
+    from gguf import GGUFReader
+
+    from retrograd.algorithms.ppo import run_ppo
+
+    adapters, kls = [], []
+    for name, micro in (("default", None), ("wide", 128)):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        training = {"ctx": 128, "micro_batch": micro, "gradient_accumulation": None, "lr": 1e-3}
+        run = write_run(
+            tmp,
+            chat_model,
+            {"updates": 2, "ppo_epochs": 1, "reference_kl_coefficient": 0.5},
+            metrics='tensorboard_dir = "tb"',
+            training=training,
+        )
+        run_ppo(load_run(run), run_file=run, sinks=sinks())
+        reader = GGUFReader(tmp / "out" / "adapter.gguf")
+        adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
+        kls.append(scalars(tmp / "tb", "policy/reference_kl"))
+    assert sorted(kls[0]) == [1, 2] and kls[0][2] > 0
+    # a KL of ~4e-5 after one small step: the packings' log-probabilities differ by float32
+    # rounding (~1e-6), which moves k3 by ~x * dx, far below 1e-6 absolute
+    assert kls[0][2] == pytest.approx(kls[1][2], rel=0.05, abs=1e-6), kls
+    default, wide = adapters
+    moved = sum(float(np.abs(v).sum()) for k, v in wide.items() if k.endswith(".lora_b"))
+    diff = sum(float(np.abs(default[k] - wide[k]).sum()) for k in wide)
+    assert moved > 0 and diff < 1e-3 * moved, (diff, moved)
