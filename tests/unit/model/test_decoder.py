@@ -241,6 +241,33 @@ def test_retro_dtype_overrides_the_fast_dtype(tiny_model, monkeypatch):
         default_dtype(cpu)
 
 
+def test_fast_bf16_needs_the_instructions_and_the_kernels_allowed_to_use_them(monkeypatch):
+    """bf16 is the CPU's default only where it has AMX or AVX512-BF16 and neither oneDNN nor
+    PyTorch is held below them (`make test-avx2` holds both at AVX2)."""
+    from retrograd.model import device
+
+    for var in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "RETRO_DTYPE"):
+        monkeypatch.delenv(var, raising=False)
+    cpu = torch.device("cpu")
+    for flags, fast in [({"avx2", "fma"}, False), ({"avx512_bf16"}, True), ({"amx_bf16"}, True)]:
+        monkeypatch.setattr(device, "_cpu_flags", lambda flags=flags: flags)
+        assert cpu_has_fast_bf16() is fast, flags
+        assert default_dtype(cpu) == (torch.bfloat16 if fast else torch.float32)
+    for var, value, fast in [
+        ("ONEDNN_MAX_CPU_ISA", "AVX2", False),
+        ("ONEDNN_MAX_CPU_ISA", "avx512_core_vnni", False),
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True),
+        ("ONEDNN_MAX_CPU_ISA", "ALL", True),
+        ("ATEN_CPU_CAPABILITY", "avx2", False),
+        ("ATEN_CPU_CAPABILITY", "default", False),
+        ("ATEN_CPU_CAPABILITY", "avx512", True),
+    ]:
+        monkeypatch.setenv(var, value)
+        assert cpu_has_fast_bf16() is fast, (var, value)
+        assert default_dtype(cpu) == (torch.bfloat16 if fast else torch.float32)
+        monkeypatch.delenv(var)
+
+
 @pytest.mark.parametrize(
     "name", ["gemma3", "llama3", "phi3", "granite", "olmo2", "smollm3", "mistral3", "llama-qkv"]
 )
