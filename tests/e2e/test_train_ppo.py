@@ -121,25 +121,21 @@ def test_the_first_pass_ratios_are_exactly_one(chat_model, tmp_path):
     assert mib["bf16"] == pytest.approx(mib["f32"] / 2)
 
 
-def test_the_reference_default_passes_give_the_whole_context_update(chat_model, tmp_path):
-    """ctx 128 with the reference's micro_batch (32, gradient_accumulation left out): an
-    update's answers go one a pass and give the update of passes of several answers (128)."""
+def default_and_wide_passes(chat_model, tmp_path, ppo: dict, metric: str, **write) -> tuple:
+    """The same PPO run at ctx 128 with the reference's micro_batch (32, gradient_accumulation
+    left out: one answer a pass) and with passes of several answers (128): each one's adapter
+    tensors and `metric` by step."""
     from gguf import GGUFReader
 
     from retrograd.algorithms.ppo import run_ppo
 
-    adapters, losses = [], []
+    adapters, figures = [], []
     for name, micro in (("default", None), ("wide", 128)):
         tmp = tmp_path / name
         tmp.mkdir()
         training = {"ctx": 128, "micro_batch": micro, "gradient_accumulation": None, "lr": 1e-3}
         run = write_run(
-            tmp,
-            chat_model,
-            {"updates": 1, "ppo_epochs": 1},
-            metrics='tensorboard_dir = "tb"',
-            training=training,
-            sampling={"max_new_tokens": 12},
+            tmp, chat_model, ppo, metrics='tensorboard_dir = "tb"', training=training, **write
         )
         cfg = load_run(run)
         if micro is None:
@@ -147,7 +143,21 @@ def test_the_reference_default_passes_give_the_whole_context_update(chat_model, 
         run_ppo(cfg, run_file=run, sinks=sinks())
         reader = GGUFReader(tmp / "out" / "adapter.gguf")
         adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
-        losses.append(scalars(tmp / "tb", "policy/surrogate_loss")[1])
+        figures.append(scalars(tmp / "tb", metric))
+    return adapters, figures
+
+
+def test_the_reference_default_passes_give_the_whole_context_update(chat_model, tmp_path):
+    """ctx 128 with the reference's micro_batch (32, gradient_accumulation left out): an
+    update's answers go one a pass and give the update of passes of several answers (128)."""
+    adapters, figures = default_and_wide_passes(
+        chat_model,
+        tmp_path,
+        {"updates": 1, "ppo_epochs": 1},
+        "policy/surrogate_loss",
+        sampling={"max_new_tokens": 12},
+    )
+    losses = [f[1] for f in figures]
     default, wide = adapters
     assert default.keys() == wide.keys() and default
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
@@ -303,26 +313,12 @@ def test_the_reference_kl_term_at_the_reference_defaults(chat_model, tmp_path):
     """ctx 128 with the reference's micro_batch (32): with reference_kl_coefficient on, the
     term is summed over the update's tokens whatever the pieces, so one answer a pass gives
     the reference KL and the adapter of passes of several answers (128)."""
-    from gguf import GGUFReader
-
-    from retrograd.algorithms.ppo import run_ppo
-
-    adapters, kls = [], []
-    for name, micro in (("default", None), ("wide", 128)):
-        tmp = tmp_path / name
-        tmp.mkdir()
-        training = {"ctx": 128, "micro_batch": micro, "gradient_accumulation": None, "lr": 1e-3}
-        run = write_run(
-            tmp,
-            chat_model,
-            {"updates": 2, "ppo_epochs": 1, "reference_kl_coefficient": 0.5},
-            metrics='tensorboard_dir = "tb"',
-            training=training,
-        )
-        run_ppo(load_run(run), run_file=run, sinks=sinks())
-        reader = GGUFReader(tmp / "out" / "adapter.gguf")
-        adapters.append({t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors})
-        kls.append(scalars(tmp / "tb", "policy/reference_kl"))
+    adapters, kls = default_and_wide_passes(
+        chat_model,
+        tmp_path,
+        {"updates": 2, "ppo_epochs": 1, "reference_kl_coefficient": 0.5},
+        "policy/reference_kl",
+    )
     assert sorted(kls[0]) == [1, 2] and kls[0][2] > 0
     # a KL of ~4e-5 after one small step: the packings' log-probabilities differ by float32
     # rounding (~1e-6), which moves k3 by ~x * dx, far below 1e-6 absolute
