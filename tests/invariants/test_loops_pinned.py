@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from retrograd.model.device import cpu_name
 from tests.factories.agents import CHAT_TEMPLATE
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "loops_pinned.json"
@@ -416,18 +417,8 @@ def machine() -> dict:
     return {
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
-        "model": cpu_model(),
+        "model": cpu_name(),
     }
-
-
-def cpu_model() -> str:
-    import platform
-
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 # -- comparing --------------------------------------------------------------------------------

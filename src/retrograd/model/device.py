@@ -224,7 +224,7 @@ def _cpu_backend(auto: bool) -> Backend:
     return Backend(
         device="cpu",
         name="cpu",
-        description=_cpu_name(),
+        description=cpu_name(),
         dtypes=_runs(cpu),
         default_dtype=_dtype_name(default_dtype(cpu)),
         fast_bf16=cpu_has_fast_bf16(),
@@ -274,7 +274,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
