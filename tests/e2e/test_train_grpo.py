@@ -439,11 +439,64 @@ def test_bench_reports_rewards_of_base_and_adapter(chat_model, tmp_path, capsys,
             adapter,
             "--limit",
             "4",
+            "--answers",
+            "3",
         ]
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "grpo bench" in out and "base" in out and "adapter.gguf" in out
+    assert "grpo bench (3 sampled answers per prompt)" in out, out
+    assert "base" in out and "adapter.gguf" in out and "± se" in out
+
+
+def test_held_out_answers_beyond_the_first_keep_the_evaluations_answer(chat_model, tmp_path):
+    """bench --answers N: answer 0 to each prompt is the one a training run's evaluation
+    samples (the same seed, the same text, the same reward); the others are other draws."""
+    from retrograd.algorithms import context
+    from retrograd.algorithms.evaluate import held_out_rewards
+    from retrograd.data.prompts import read_prompts, render_prompts
+    from retrograd.rewards.program import reward_program
+    from retrograd.sampling import Sampler
+    from retrograd.sampling.engine import run_settings
+
+    cfg = load_run(write_run(tmp_path, chat_model))
+    model = context.load_model(cfg)
+    lines = read_prompts(str(tmp_path / "prompts.jsonl"), "prompts")
+    prompts = render_prompts(lines, context.chat_format(model), 64)
+    sampler = Sampler(model.decoder, model.tokenizer, max_len=64, **run_settings(cfg.training))
+    with reward_program(cfg.grpo, "[grpo]") as program:
+        one, first = held_out_rewards(sampler, program, prompts, cfg.grpo.sampling)
+        many, answers = held_out_rewards(
+            sampler, program, prompts, cfg.grpo.sampling, answers_per_prompt=3
+        )
+    assert len(one) == len(prompts) and len(many) == len(answers) == 3 * len(prompts)
+    assert [a.text for a in answers[::3]] == [a.text for a in first]
+    assert many[::3] == one
+    others = [answers[i : i + 3] for i in range(0, len(answers), 3)]
+    assert sum(len({a.text for a in group}) > 1 for group in others) >= len(prompts) // 2
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "answers", "message"),
+    [
+        ("grpo", "0", "--answers 0: must be 1 to 256"),
+        ("grpo", "257", "--answers 257: must be 1 to 256"),
+        ("sft", "2", "--answers: samples answers for ppo and grpo runs; a sft run's bench"),
+    ],
+    ids=["zero", "too-many", "sft"],
+)
+def test_bench_refuses_answers_it_cannot_sample_before_the_model_loads(
+    tmp_path, capsys, algorithm, answers, message
+):
+    missing = tmp_path / "absent.gguf"  # never opened: the refusal comes first
+    (tmp_path / "d.jsonl").write_text("")
+    if algorithm == "grpo":
+        run = write_run(tmp_path, missing)
+    else:
+        run = write_run_file(tmp_path, "sft", missing, {"sft": {"data": "d.jsonl"}})
+    code = main(["bench", str(run), "--data", str(tmp_path / "d.jsonl"), "--answers", answers])
+    assert code != 0
+    assert message in capsys.readouterr().err
 
 
 def phase_seconds(out: str) -> dict[str, float]:

@@ -192,14 +192,24 @@ EVALUATE = "evaluate"  # the seed purpose of held-out answers (seeds.derive_seed
 
 
 def held_out_rewards(
-    backend, program, prompts, sampling, temperature=None, top_p=None, first: int = 0
+    backend,
+    program,
+    prompts,
+    sampling,
+    temperature=None,
+    top_p=None,
+    first: int = 0,
+    answers_per_prompt: int = 1,
 ):
     """A rollout loop's held-out rewards (GRPO, PPO, `bench`): one answer per prompt from the
     rollout backend (or a Sampler: the same `generate`), with
     seeds fixed for the run (the same adapter scores the same), through the reward program
     without a judge. `sampling` is a [grpo.sampling]-shaped section; temperature and top_p
     default to its own; `first` is the index of the first prompt among the held-out ones (a
-    rank's block of them: prompt i is sampled from the seed of index i). -> (rewards, answers)."""
+    rank's block of them: prompt i is sampled from the seed of index i).
+    `answers_per_prompt` > 1 (`bench --answers`) samples more answers to each prompt, answer k
+    from the seed of sample index k: answer 0 is the one a training run's evaluation samples.
+    -> (rewards, answers), prompt by prompt, each prompt's answers in sample order."""
     from retrograd.rewards.program import RewardRequest
     from retrograd.sampling.params import SampleRequest, SamplingParams
     from retrograd.seeds import derive_seed
@@ -209,13 +219,20 @@ def held_out_rewards(
         sampling.top_p if top_p is None else top_p,
         sampling.max_new_tokens,
     )
+    k = answers_per_prompt
     requests = [
-        SampleRequest(p.ids, params, seeds=(derive_seed(sampling.seed, EVALUATE, 0, first + i),))
+        SampleRequest(
+            p.ids,
+            params,
+            n=k,
+            seeds=tuple(derive_seed(sampling.seed, EVALUATE, 0, first + i, j) for j in range(k)),
+        )
         for i, p in enumerate(prompts)
     ]
-    answers = [a for [a] in backend.generate(requests)]
+    answers = [a for group in backend.generate(requests) for a in group]
+    asked = [p for p in prompts for _ in range(k)]
     replies = program.score(
-        [RewardRequest(p.text, a.text, p.record) for p, a in zip(prompts, answers, strict=True)]
+        [RewardRequest(p.text, a.text, p.record) for p, a in zip(asked, answers, strict=True)]
     )
     return [r.reward for r in replies], answers
 
