@@ -208,7 +208,8 @@ def held_out_rewards(
     default to its own; `first` is the index of the first prompt among the held-out ones (a
     rank's block of them: prompt i is sampled from the seed of index i).
     `answers_per_prompt` > 1 (`bench --answers`) samples more answers to each prompt, answer k
-    from the seed of sample index k: answer 0 is the one a training run's evaluation samples.
+    from the seed of sample index k: answer 0 is the one a training run's evaluation samples
+    (on a bf16 path the wider batch rounds differently and can change a rare one).
     -> (rewards, answers), prompt by prompt, each prompt's answers in sample order."""
     from retrograd.rewards.program import RewardRequest
     from retrograd.sampling.params import SampleRequest, SamplingParams
