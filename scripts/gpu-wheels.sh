@@ -11,7 +11,8 @@ set -eu
 cd "$(dirname "$0")/.."
 dir=${1:-.whl}
 py=${2:-3.12}
-PACKAGES="gguf pydantic pydantic-core annotated-types typing-inspection tensorboardX"
+PACKAGES="gguf pydantic pydantic-core annotated-types typing-inspection tensorboardX
+pytest iniconfig pluggy packaging pygments"
 pins=$(.venv/bin/python - $PACKAGES <<'EOF'
 import sys
 from importlib.metadata import version

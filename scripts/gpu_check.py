@@ -178,6 +178,13 @@ PARTS = [
         90,
     ),
     Part(
+        "host-cpu",
+        "the suite's kernel-sensitive tests (the model layer, the pinned loops, GRPO in bf16 "
+        "as in float32) on the machine's own CPU, CUDA hidden: AMX where it has it",
+        "scripts.gpu_parts:host_cpu",
+        150,
+    ),
+    Part(
         "scale-8b",
         "bench/scale.py at 8B with its quick flags, when the file exists",
         "scripts.gpu_train:scale_8b",

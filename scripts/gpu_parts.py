@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.gpu_check import REPO, Findings
+from scripts.gpu_check import REPO, Findings, failed
 
 # float32 logits on the device against the CPU's and llama.cpp's: (max, mean) abs difference.
 # Gemma's are tests/oracles/test_model_exactness.py's bounds against llama.cpp (docs/
@@ -449,3 +449,71 @@ def train(run: Path, env: dict) -> subprocess.CompletedProcess:
 def tail(done: subprocess.CompletedProcess) -> str:
     lines = [s for s in (done.stdout + done.stderr).strip().splitlines() if s.strip()]
     return lines[-1][:300] if lines else f"exit code {done.returncode}"
+
+
+# The suite's tests whose tolerances the CPU's kernels decide (docs/exactness.md, "Batch mates"
+# and "Other CPUs"): the model layer's (log-probabilities of rows with batch mates, the decode
+# graph, attention, bf16 against float32), the pinned loops, and GRPO learning in bf16 as in
+# float32. On the GPU machine's host CPU, an AMX CPU where it is a recent Intel Xeon.
+HOST_TESTS = [
+    "tests/unit/model",
+    "tests/invariants",
+    "tests/e2e/test_train_grpo.py::test_bf16_learns_as_float32_does",
+]
+HOST_TESTS_QUICK = ["tests/unit/model/test_logprobs.py", "tests/unit/model/test_decoder.py"]
+
+
+def host_cpu(setting):
+    """The suite's kernel-sensitive tests (HOST_TESTS) on the machine's own CPU, CUDA hidden,
+    as `make test` runs them (float32 unless a test asks for bf16, the fused kernels compiled
+    whatever RETRO_COMPILE the driver set); PASS when pytest passes.
+    Reports the CPU, whether it has AMX or AVX512-BF16, PyTorch's kernel level and the
+    default dtype there, and any failing test."""
+    import importlib.util
+
+    import torch
+
+    from retrograd.model.device import cpu_flags, cpu_has_fast_bf16, cpu_name
+
+    flags = cpu_flags()
+    isa = [
+        name for name in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2") if name in flags
+    ]
+    figures = {
+        "cpu": cpu_name(),
+        "flags": isa,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "fast_bf16": cpu_has_fast_bf16(),
+    }
+    where = (
+        f"{figures['cpu']} ({' '.join(isa) or 'no AVX2'}; PyTorch {figures['capability']}; "
+        f"default dtype {'bf16' if figures['fast_bf16'] else 'float32'})"
+    )
+    if importlib.util.find_spec("pytest") is None:
+        return failed(f"pytest is not installed: {where}", **figures)
+    tests = HOST_TESTS_QUICK if setting.quick else HOST_TESTS
+    env = os.environ | {
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+    }
+    env.pop("RETRO_COMPILE", None)  # as `make test` runs: the fused kernels compiled
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    out = done.stdout + done.stderr
+    lines = [s for s in out.strip().splitlines() if s.strip()]
+    failing = [s.split(" ", 1)[1].split(" - ")[0] for s in lines if s.startswith("FAILED ")]
+    figures.update(summary=lines[-1] if lines else "", failing=failing)
+    f = Findings()
+    f.figures = figures
+    f.notes.append(f"{figures['summary'].strip('= ')} on {where}")
+    if done.returncode != 0:
+        f.problems.append(
+            f"pytest exit code {done.returncode}"
+            + (f": {', '.join(failing[:5])}" if failing else "")
+        )
+    return f.outcome()

@@ -163,3 +163,19 @@ def test_scale_command_passes_only_the_flags_its_help_lists(tmp_path):
     assert scale_command("usage: scale.py [--sizes SIZES]", tmp_path, 2) == (
         "bench/scale.py has no --quick"
     )
+
+
+def test_host_cpu_names_tests_that_exist():
+    """host-cpu's pytest targets: a renamed file or test would make the device check fail on
+    its first lent machine, for nothing but a path."""
+    import ast
+
+    from scripts.gpu_parts import HOST_TESTS, HOST_TESTS_QUICK, REPO
+
+    for target in HOST_TESTS + HOST_TESTS_QUICK:
+        path, _, name = target.partition("::")
+        assert (REPO / path).exists(), target
+        if name:
+            tree = ast.parse((REPO / path).read_text())
+            tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            assert name in tests, target

@@ -87,7 +87,7 @@ def cpu_has_fast_bf16() -> bool:
     """AMX or AVX512-BF16, which oneDNN and PyTorch may use: bf16 matmuls then run several
     times faster than f32. oneDNN or PyTorch held below them (ONEDNN_MAX_CPU_ISA=AVX2,
     ATEN_CPU_CAPABILITY=avx2: `make test-avx2`) stands for a CPU without them."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if "amx_bf16" not in flags and "avx512_bf16" not in flags:
         return False
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
@@ -95,7 +95,9 @@ def cpu_has_fast_bf16() -> bool:
     return onednn not in _ONEDNN_WITHOUT_BF16 and aten not in _ATEN_WITHOUT_AVX512
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo's "flags": avx2, avx512_bf16, amx_tile, ...);
+    empty where the file is not there."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -250,7 +250,7 @@ def test_fast_bf16_needs_the_instructions_and_the_kernels_allowed_to_use_them(mo
         monkeypatch.delenv(var, raising=False)
     cpu = torch.device("cpu")
     for flags, fast in [({"avx2", "fma"}, False), ({"avx512_bf16"}, True), ({"amx_bf16"}, True)]:
-        monkeypatch.setattr(device, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: flags)
         assert cpu_has_fast_bf16() is fast, flags
         assert default_dtype(cpu) == (torch.bfloat16 if fast else torch.float32)
     for var, value, fast in [
