@@ -8,15 +8,15 @@ What it measures follows [run].algorithm (BENCHES):
   preference   not supported (a run with [evaluation] reports its preference accuracy)
 
 Without --adapter it measures the base model; with it, the base model and the adapter on the
-same examples, side by side. --data defaults to [evaluation].data. For ppo and grpo, one
-answer per prompt is sampled as the run samples ([ppo.sampling] or [grpo.sampling], fixed
-seeds: the base model and the adapter answer with the same random numbers) and scored by the
-run's reward program; the table gives mean, its standard error over the prompts, standard
-deviation, quartiles and the share of answers above 0. The first answer to each prompt is the
-one a training run's held-out evaluation samples (the same seed; on a bf16 path the wider
-batch of --answers rounds differently and can change a rare one); --answers N samples N to
-each (answer k from its own fixed seed), a steadier mean than one answer each: 32 prompts
-answered once measure a policy that is right 95% of the time to about +-0.04.
+same examples, side by side. --data defaults to [evaluation].data. For ppo and grpo, each
+prompt is answered as the run samples ([ppo.sampling] or [grpo.sampling], fixed seeds: the
+base model and the adapter answer with the same random numbers), once or --answers N times,
+and scored by the run's reward program; the table gives mean, its standard error over the
+prompts, standard deviation, quartiles and the share of answers above 0. Answer 0 to each
+prompt is the one a training run's held-out evaluation samples (the same seed; on a bf16 path
+the wider batch of --answers rounds differently and can change a rare one), answer k comes
+from its own fixed seed. More answers give a steadier mean: 32 prompts answered once measure
+a policy that is right 95% of the time to about +-0.04.
 
 Scores in float32, whatever the device's fast dtype: the model's logits equal llama.cpp's on
 the same weights and the loss is their log-softmax in float32 (docs/exactness.md). On a CPU
