@@ -45,7 +45,7 @@ import torch
 
 from retrograd.algorithms import context, frame, policy
 from retrograd.algorithms.evaluate import prompt_evaluation
-from retrograd.errors import TrainingError
+from retrograd.errors import RewardError, TrainingError
 from retrograd.losses.value import explained_variance, gae, value_loss, whiten
 from retrograd.observe import names
 from retrograd.rewards.callables import open_rewards
@@ -241,7 +241,8 @@ def _advantages(cfg, answers: list[Rollout], old) -> tuple[torch.Tensor | None, 
     tokens) and its mean into `advantage`; `old`: the head's values of each answer's tokens
     (None without a critic). -> the critic's targets, (B, T) padded, or None without one, the
     advantages' standard deviation over the tokens before whitening, and the share of the
-    returns' variance the old values explain (NaN without a critic)."""
+    returns' variance the old values explain (NaN without a critic). Raises RewardError when
+    the rewards are too large for that arithmetic."""
     c = cfg.ppo.critic
     width = max(r.n_tokens for r in answers)
     mask = padded([np.ones(r.n_tokens, np.float32) for r in answers], width)  # (B, T)
@@ -257,6 +258,13 @@ def _advantages(cfg, answers: list[Rollout], old) -> tuple[torch.Tensor | None, 
         explained = explained_variance(v, ret, mask)
     spread_before = float(adv[mask.bool()].std(unbiased=False))
     adv = whiten(adv, mask)  # (B, T)
+    if not (torch.isfinite(adv).all() and torch.isfinite(ret.float()).all()):
+        top = max(answers, key=lambda r: abs(r.reward))
+        raise RewardError(
+            f"update {top.update}: the rewards (up to {top.reward!r}, answer {top.group}) "
+            f"overflow the advantages' arithmetic (float64, the critic's targets float32): "
+            f"scale the rewards down"
+        )
     for i, r in enumerate(answers):
         r.token_advantages = adv[i, : r.n_tokens].numpy().astype(np.float32)
         r.advantage = float(r.token_advantages.mean())

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -195,6 +196,13 @@ class Rewards:
                     f"completion {k} (every one returned None for it)"
                 )
             reward = (reply.reward if reply else 0.0) + (value or 0.0)
+            if not math.isfinite(reward):  # each part was finite: their weighted sum overflowed
+                number = self.functions.batches - 1
+                raise RewardError(
+                    f"{self.functions.where}: batch {number}: completion {k}: the reward "
+                    f"({reply.reward if reply else 0.0!r} from the program + {value!r} from the "
+                    f"functions) is {reward}: scale the rewards down"
+                )
             out.append(RewardReply(reward, reply.judge_weight if reply else None))
         return out
 

@@ -16,6 +16,9 @@ takes `Rollout.advantage` of the answers still `eligible`. Decisions (rl-math.md
   token-mean). The tolerance keeps a float sum like 0.1 + 0.2 − 0.3 from posing as signal.
 - Truncated answers stay in their group's baseline (their reward is real) and, with
   mask_truncated, leave the loss (TRL's mask_truncated_completions; DAPO's overlong filter).
+- Every part of a reward is finite (the reward program's replies are checked), but their sum
+  or a group's mean can still overflow float64: that is a RewardError naming the update and
+  group, not a NaN loss an update later.
 - The KL coefficient ramps up linearly over warmup_updates, then, with a target, adapts once
   per update as in Ziegler et al. and verl (see KlController).
 """
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from retrograd.errors import RewardError
 from retrograd.rollout.records import Group
 
 # Answers whose reward does not enter their group's baseline (set before advantages).
@@ -101,34 +105,56 @@ def assign_advantages(
 
     Answers already skipped for judge_dropped, unscored or update_skipped (`not_in_baseline`:
     agentic GRPO adds truncated), and answers without a reward (marked unscored here), are
-    left out of the baseline."""
-    scored_groups = zero_groups = 0
-    for g in groups:
-        for r in g.members:
-            r.advantage = 0.0
-            if r.reward is None:
-                r.skip_reason = r.skip_reason or "unscored"
-        scored = [r for r in g.members if r.skip_reason not in not_in_baseline]
-        if not scored:
-            continue
-        scored_groups += 1
-        rewards = np.array([r.reward for r in scored], dtype=np.float64)
-        if zero_signal(rewards):
-            zero_groups += 1
-            g.skip("zero_signal")
-            continue
-        for r, adv in zip(scored, group_advantages(rewards, baseline), strict=True):
-            r.advantage = float(adv)
-            if mask_truncated and r.truncated:
-                r.skip_reason = r.skip_reason or "truncated"
-    members = [r for g in groups for r in g.members]
-    trained = [r.advantage for r in members if r.eligible]
-    return {
-        "zero_std_group_fraction": zero_groups / scored_groups if scored_groups else 0.0,
-        "advantage_abs_mean": float(np.mean(np.abs(trained))) if trained else 0.0,
-        "advantage_std": float(np.std(trained)) if trained else 0.0,
-        "trained_fraction": len(trained) / len(members) if members else 0.0,
-    }
+    left out of the baseline. Raises RewardError when a reward, or its group's arithmetic,
+    is not finite (each part was: their sum overflowed)."""
+    # Overflow is checked where it matters (_check_finite, the advantages) and named there.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scored_groups = zero_groups = 0
+        for g in groups:
+            for r in g.members:
+                r.advantage = 0.0
+                if r.reward is None:
+                    r.skip_reason = r.skip_reason or "unscored"
+            scored = [r for r in g.members if r.skip_reason not in not_in_baseline]
+            if not scored:
+                continue
+            scored_groups += 1
+            rewards = np.array([r.reward for r in scored], dtype=np.float64)
+            _check_finite(g, scored, rewards)
+            if zero_signal(rewards):
+                zero_groups += 1
+                g.skip("zero_signal")
+                continue
+            advantages = group_advantages(rewards, baseline)
+            if not np.isfinite(advantages).all():  # finite rewards whose sum overflows float64
+                raise RewardError(
+                    f"update {g.update}, group {g.index}: the rewards {rewards.tolist()} overflow "
+                    f"their group's mean: scale the rewards down"
+                )
+            for r, adv in zip(scored, advantages, strict=True):
+                r.advantage = float(adv)
+                if mask_truncated and r.truncated:
+                    r.skip_reason = r.skip_reason or "truncated"
+        members = [r for g in groups for r in g.members]
+        trained = [r.advantage for r in members if r.eligible]
+        return {
+            "zero_std_group_fraction": zero_groups / scored_groups if scored_groups else 0.0,
+            "advantage_abs_mean": float(np.mean(np.abs(trained))) if trained else 0.0,
+            "advantage_std": float(np.std(trained)) if trained else 0.0,
+            "trained_fraction": len(trained) / len(members) if members else 0.0,
+        }
+
+
+def _check_finite(g: Group, scored: list, rewards: np.ndarray) -> None:
+    """Raises RewardError naming the first answer whose reward (the program's, plus the judge's
+    term, minus the overlong penalty: each finite) overflowed to inf or NaN."""
+    for r, value in zip(scored, rewards, strict=True):
+        if not math.isfinite(value):
+            raise RewardError(
+                f"update {g.update}, group {g.index}, answer {r.member}: the reward is {value} "
+                f"(the program's {r.reward_raw!r} + the judge's term {r.judge_term!r} - the "
+                f"overlong penalty {r.penalty!r}): scale the rewards or judge_weight down"
+            )
 
 
 KL_HORIZON_UPDATES = 10.0

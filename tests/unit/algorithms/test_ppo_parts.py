@@ -14,6 +14,7 @@ import torch
 from retrograd.algorithms.ppo import _advantages, _old_values
 from retrograd.data.prompts import Prompt
 from retrograd.distributed import World
+from retrograd.errors import RewardError
 from retrograd.rollout.records import Rollout
 from retrograd.trainable.value_head import ValueHead
 
@@ -48,6 +49,18 @@ def test_equal_rewards_carry_no_signal():
     answers = _answers([0.3, 0.3], [2, 4])
     _advantages(_cfg(), answers, None)
     assert all(np.all(a.token_advantages == 0) for a in answers)
+
+
+@pytest.mark.parametrize("rewards", [[1e308, -1e308, 0.0], [1e39, 0.0], [1e200, 0.0]])
+def test_rewards_too_large_for_the_arithmetic_are_a_reward_error(rewards):
+    """Finite rewards (each reply was checked) whose whitening overflows float64, or whose
+    returns overflow the critic's float32 targets: named as the rewards' fault, not a NaN loss."""
+    answers = _answers(rewards, [2] * len(rewards))
+    with pytest.raises(RewardError, match=r"update 1: the rewards \(up to .*\) overflow"):
+        _advantages(_cfg(), answers, None)
+    fine = _answers([1e30, 0.0], [2, 2])  # large, but every step of the arithmetic is finite
+    _advantages(_cfg(), fine, None)
+    assert np.isfinite(np.concatenate([a.token_advantages for a in fine])).all()
 
 
 def test_with_a_critic_advantages_are_whitened_gae_over_the_heads_values():

@@ -120,6 +120,22 @@ def test_a_bad_answer_fails_the_batch_naming_the_function(returned, match):
     assert isinstance(caught.value, RetrogradError)
 
 
+@pytest.mark.parametrize(
+    ("functions", "weights"),
+    [
+        ([lambda completions, **kw: [1e308] * len(completions)] * 2, None),  # sum overflows
+        ([lambda completions, **kw: [1e308] * len(completions)], [10.0]),  # weight x value
+        ([lambda completions, **kw: [1e308] * len(completions)] * 2, [2.0, -1.0]),  # inf - x
+    ],
+)
+def test_finite_values_whose_weighted_sum_overflows_fail_the_batch(functions, weights):
+    """Each value is finite, so each passes its own check; the reward they add up to is not."""
+    with pytest.raises(RewardError, match=r"rewards: batch 0: completion \d: the reward .* is "):
+        Rewards(None, RewardFunctions(functions, weights)).score(REQUESTS)
+    huge = RewardFunctions([lambda completions, **kw: [1e308] * len(completions)])
+    assert [r.reward for r in Rewards(None, huge).score(REQUESTS)] == [1e308] * 3
+
+
 def test_a_function_that_raises_fails_the_batch_with_its_exception_as_the_cause():
     calls = []
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from retrograd.errors import RewardError
 from retrograd.rollout.records import Group, Prompt, Rollout
 from retrograd.rollout.shaping import (
     KlController,
@@ -120,6 +121,21 @@ def test_overlong_penalty_enters_the_reward_and_can_make_signal():
     assert [r.penalty for r in g.members] == [0.0, 0.5]
     assign_advantages([g], "mean", mask_truncated=False)
     assert [r.advantage for r in g.members] == [0.25, -0.25]
+
+
+def test_a_reward_or_a_group_mean_that_overflows_is_a_reward_error_naming_the_group():
+    """Each part of a reward is finite (the program's replies are checked); their sum, or the
+    group's mean, can still overflow float64: a RewardError here, not a NaN loss later."""
+    judged = _group([1e308, 0.0], index=4)
+    judged.members[0].judge_term = 1e308
+    with pytest.raises(RewardError, match=r"update 1, group 4, answer 0: the reward is inf"):
+        assign_advantages([judged], "mean", mask_truncated=False)
+    for baseline in ("mean", "leave_one_out"):
+        with pytest.raises(RewardError, match=r"update 1, group 2: the rewards .* overflow"):
+            assign_advantages([_group([1e308, 1e308, 0.0], index=2)], baseline, False)
+    big = _group([1e300, 0.0])
+    assign_advantages([big], "mean", mask_truncated=False)
+    assert [r.advantage for r in big.members] == [5e299, -5e299]
 
 
 def test_assign_on_no_groups():
