@@ -166,57 +166,96 @@ def _joined(message: dict) -> dict:
     return {**message, "content": text}
 
 
+NAME_CHARS = 64  # a tool's name as the judge sees it: OpenAI's own limit on function names
+
+
 def _fit_calls(calls: Any, ctx: JudgeContext) -> tuple[Any, bool]:
-    """Tool calls with each one's arguments (as JSON text) elided to max_message_chars."""
-    if not isinstance(calls, list):
+    """Tool calls with each one's name elided to NAME_CHARS and their arguments (as JSON
+    text) sharing max_message_chars: with n calls in the message, each gets 1/n of it."""
+    if not isinstance(calls, list) or not calls:
         return calls, False
+    share = max(ctx.max_message_chars // len(calls), 1)
     out, cut = [], False
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict) and "arguments" in fn:
-            args = fn["arguments"]
-            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            short = elide(text, ctx.max_message_chars, ctx.head_ratio)
-            if short != text:
+        if isinstance(fn, dict):
+            fitted = dict(fn)
+            name = fn.get("name")
+            if isinstance(name, str) and len(name) > NAME_CHARS:
+                fitted["name"] = elide(name, NAME_CHARS, ctx.head_ratio)
+            if "arguments" in fn:
+                args = fn["arguments"]
+                text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+                short = elide(text, share, ctx.head_ratio)
+                if short != text:
+                    fitted["arguments"] = short
+            if fitted != fn:
                 cut = True
-                call = {**call, "function": {**fn, "arguments": short}}
+                call = {**call, "function": fitted}
         out.append(call)
     return out, cut
 
 
-def _elide_trajectory(messages: list[dict], budget: int, head_ratio: float) -> list[dict]:
-    """Drop the middle of a trajectory so its contents total at most `budget` characters.
+def _calls_size(message: dict) -> int:
+    """What a message's tool calls add to its trajectory: their names and arguments."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return 0
+    size = 0
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            for key in ("name", "arguments"):
+                value = fn.get(key)
+                if value is not None:
+                    size += len(value) if isinstance(value, str) else len(quoted(value))
+    return size
 
-    The contents are cut as one text: the first head_ratio of what is kept from its start, the
-    rest from its end. Messages wholly in the cut are dropped, except the first one the cut
-    touches, which carries the marker; a partly cut message keeps its role and other fields.
+
+def _elide_trajectory(messages: list[dict], budget: int, head_ratio: float) -> list[dict]:
+    """Drop the middle of a trajectory so its text totals at most about `budget` characters.
+
+    A message's text is its content, then its tool calls' names and arguments; the trajectory's
+    is all of theirs in order, cut as one text: the first head_ratio of what is kept from its
+    start, the rest from its end. Messages wholly in the cut are dropped, except the first one
+    the cut touches, which carries the marker; a partly cut message keeps its role and other
+    fields, and its tool calls unless the cut covers all of them (so the total can pass the
+    budget by the calls of the two messages at the cut's ends, each within max_message_chars).
     """
-    total = sum(len(_content(m)) for m in messages)
+    sizes = [len(_content(m)) + _calls_size(m) for m in messages]
+    total = sum(sizes)
     if total <= budget:
         return messages
     marker_len = len(_marker(total))  # bounds the real marker's length
     keep = budget - marker_len if budget > marker_len else budget
     head = math.floor(keep * head_ratio)
-    cut_from, cut_to = head, total - (keep - head)  # the elided span of the joined contents
+    cut_from, cut_to = head, total - (keep - head)  # the elided span of the joined text
     marker = _marker(cut_to - cut_from) if budget > marker_len else ""
     out: list[dict] = []
     start = 0
     marked = False
-    for message in messages:
+    for message, size in zip(messages, sizes, strict=True):
         text = _content(message)
-        end = start + len(text)
+        end = start + size
+        calls_from = start + len(text)  # the calls' span: [calls_from, end)
         if end <= cut_from:
             out.append(message)  # wholly before the cut
         elif start >= cut_to and marked:
             out.append(message)  # wholly after the cut
         else:
             kept_head = text[: max(cut_from - start, 0)]
-            kept_tail = text[max(cut_to - start, 0) :] if end > cut_to else ""
+            kept_tail = text[max(cut_to - start, 0) :] if calls_from > cut_to else ""
+            has_calls = calls_from < end
+            calls_kept = has_calls and (calls_from < cut_from or end > cut_to)
+            kept = {**message, "content": kept_head + kept_tail}
+            if has_calls and not calls_kept:
+                del kept["tool_calls"]
             if not marked:
-                out.append({**message, "content": kept_head + marker + kept_tail})
+                kept["content"] = kept_head + marker + kept_tail
+                out.append(kept)
                 marked = True
-            elif kept_head or kept_tail:
-                out.append({**message, "content": kept_head + kept_tail})
+            elif kept_head or kept_tail or calls_kept:
+                out.append(kept)
         start = end
     return out
 
@@ -226,9 +265,9 @@ def fit(messages: list[dict], ctx: JudgeContext) -> tuple[list[dict], bool]:
     max_message_chars, then all contents together at most max_trajectory_chars, both elided in
     the middle. Returns the fitted copy and whether anything was elided.
 
-    A content given as parts counts as its text parts joined (other parts as "[type]"); each
-    tool call's arguments are elided to max_message_chars on their own, and do not count toward
-    the trajectory's total. The request budget is the strategy's business (it decides chunking
+    A content given as parts counts as its text parts joined (other parts as "[type]"); a
+    message's tool calls share max_message_chars for their arguments (names elided to
+    NAME_CHARS), and their names and arguments count toward the trajectory's total. The request budget is the strategy's business (it decides chunking
     from the rendered prompt's length).
     """
     elided = False
@@ -252,8 +291,10 @@ def fit(messages: list[dict], ctx: JudgeContext) -> tuple[list[dict], bool]:
 # --- prompts ---------------------------------------------------------------------------------
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+def quoted(value: Any) -> str:
+    """`value` as JSON text with every "</" written "<\\/" (the same JSON value): text the policy
+    wrote cannot close the prompt's <context>, <trajectories> or <transcript> tag early."""
+    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
 def _entry(messages: list[dict], final_state: str | None) -> dict[str, Any]:
@@ -273,8 +314,8 @@ def schema_instruction(schema: dict[str, Any]) -> str:
 
 def _body(rubric: str, shared: list[dict], trajectories: Any, schema: dict[str, Any]) -> str:
     return (
-        f"{rubric}\n\n<context>\n{_json(shared)}\n</context>\n\n"
-        f"<trajectories>\n{_json(trajectories)}\n</trajectories>\n\n{schema_instruction(schema)}"
+        f"{rubric}\n\n<context>\n{quoted(shared)}\n</context>\n\n"
+        f"<trajectories>\n{quoted(trajectories)}\n</trajectories>\n\n{schema_instruction(schema)}"
     )
 
 
