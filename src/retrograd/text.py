@@ -37,6 +37,16 @@ def as_text(value: str) -> str:
     return value if is_text(value) else _SURROGATE.sub("\ufffd", value)
 
 
+def newline_split(text: str) -> list[str]:
+    r"""The lines of a JSONL (or plain) text, split at "\n" alone (a trailing "\r" dropped).
+
+    str.splitlines() would also cut at U+2028, U+2029, \x85 and other breaks that JSON allows
+    unescaped inside a string, as json_dumps writes them: a record holding one would be
+    refused as two halves that are not JSON (data.sft.jsonl_lines reads the trainer's files
+    the same way)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def json_dumps(value: Any, **options: Any) -> str:
     """`json.dumps(value, ensure_ascii=False, **options)`, or, when that text holds a lone
     surrogate, the same value with ASCII escapes: text a UTF-8 file always takes."""

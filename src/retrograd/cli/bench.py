@@ -41,6 +41,7 @@ from rich.table import Table
 
 from retrograd.cli.common import add_device_flag, add_model_flag
 from retrograd.errors import ConfigError, RetrogradError
+from retrograd.text import newline_split
 
 # [run].algorithm -> what bench measures of it; the other algorithms are refused
 BENCHES = {
@@ -271,7 +272,9 @@ def _distill_data(cfg, data: str, args, chat, teacher, ctx: int):
 
     path = Path(data)
     try:
-        first = next(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        first = next(
+            line for line in newline_split(path.read_text(encoding="utf-8")) if line.strip()
+        )
         messages = nesting.loads(first).get("messages") or [{}]  # too deep: a ValueError
         prompts_only = messages[-1].get("role") != "assistant"
     except (OSError, StopIteration, ValueError, AttributeError, TypeError):

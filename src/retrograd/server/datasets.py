@@ -26,7 +26,7 @@ from retrograd import nesting
 from retrograd.server.guard import refuse_unwritable
 from retrograd.server.problems import FieldError, Problem, not_found, pointer, too_deep
 from retrograd.server.store import iso, now_ms, write_atomic
-from retrograd.text import json_dumps
+from retrograd.text import json_dumps, newline_split
 
 FORMATS = ("auto", "text", "jsonl", "preference-jsonl")
 _ID = re.compile(r"ds_[0-9a-f]{64}")  # a dataset's id: its bytes' sha256
@@ -68,7 +68,7 @@ def parse(body: bytes, media: str, fmt: str) -> Parsed:
         raise _bad("", f"not UTF-8 text ({error})") from None
     kind = _kind(media, fmt)
     if kind == "text":
-        lines = [line for line in text.splitlines() if line.strip()]
+        lines = [line for line in newline_split(text) if line.strip()]
         if not lines:
             raise _bad("", "the text is empty")
         return Parsed("text", lines, ".txt", body)
@@ -103,7 +103,7 @@ def _records(text: str, media: str) -> list[Any]:
             raise _bad("", "a JSON body must be a non-empty array of records")
         refuse_unwritable(records)
         return records
-    records = [_record(line, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    records = [_record(line, n) for n, line in enumerate(newline_split(text), 1) if line.strip()]
     if not records:
         raise _bad("", "no records")
     return records
@@ -146,7 +146,7 @@ def scan(path: Path, media: str, fmt: str) -> Scanned:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
                 raise _bad("", f"not UTF-8 text (line {n + 1}: {error})") from None
-            for line in text.splitlines():
+            for line in newline_split(text.removesuffix("\n")):
                 n += 1
                 if not line.strip():
                     continue
@@ -316,7 +316,7 @@ class Datasets:
         with open(self.data_path(dataset_id), encoding="utf-8") as f:
             n = 0
             for raw in f:
-                for line in raw.splitlines():
+                for line in newline_split(raw.removesuffix("\n")):
                     n += 1
                     if line.strip():
                         found.append(line if view["format"] == "text" else _record(line, n))

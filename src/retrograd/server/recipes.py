@@ -43,6 +43,7 @@ from retrograd import nesting
 from retrograd.server.config import ServerConfig, parse_budget
 from retrograd.server.documents import check_file
 from retrograd.server.problems import FieldError, Problem, pointer
+from retrograd.text import newline_split
 
 OBJECTIVES = {
     "instruction-tuning": "sft",
@@ -450,7 +451,7 @@ class Recipe:
 
         chat = chat_format(Path(self.document["model"]["path"]))
         out = []
-        for n, line in enumerate(data.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(newline_split(data.read_text(encoding="utf-8")), 1):
             if not line.strip():
                 continue
             try:

@@ -73,6 +73,37 @@ def test_a_dataset_holding_a_nul_is_stored_as_utf8(client, tmp_path):
     assert "h\\u0000o" in lines or "h\x00o" in json.dumps(json.loads(lines))
 
 
+# Line breaks to str.splitlines() that JSON keeps raw inside a string (json_dumps, collect).
+BREAKS = ["\u2028", "\u2029", "\x85"]  # json.dumps escapes the C0 ones (\\x0b, \\x1c, ...)
+
+
+@pytest.mark.parametrize("media", [JSON, JSONL])
+def test_a_dataset_whose_text_holds_unicode_line_breaks_is_read_as_written(client, media):
+    """What `retrograd collect` writes (json_dumps keeps U+2028 and the like raw) is one
+    record a line: the server must not cut a record at them, at upload or when it reads the
+    stored file back."""
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": f"a{b}b"},
+            ]
+        }
+        for b in BREAKS
+    ]
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    assert all(len(line.splitlines()) == 2 for line in lines)  # each would be cut in two
+    body = "[" + ", ".join(lines) + "]" if media == JSON else "\n".join(lines) + "\n"
+    r = client.post("/v1/datasets", content=body.encode(), headers={"Content-Type": media})
+    assert r.status_code in (200, 201), r.text[:300]  # 200: the other media stored it first
+    assert r.json()["examples"] == len(BREAKS), r.json()
+    preview = client.get(f"/v1/datasets/{r.json()['id']}/preview")
+    assert preview.status_code == 200, preview.text[:300]
+    shown = preview.json()
+    shown = shown.get("examples", shown) if isinstance(shown, dict) else shown
+    assert shown[: len(records)] == records
+
+
 @pytest.mark.parametrize("text", HOSTILE)
 def test_the_event_log_writes_utf8_that_reads_back_the_same(tmp_path, text):
     log = EventLog(tmp_path / "events.jsonl")
