@@ -37,6 +37,18 @@ def as_text(value: str) -> str:
     return value if is_text(value) else _SURROGATE.sub("\ufffd", value)
 
 
+# C0 controls but "\t" and "\n", DEL and the C1 controls: a terminal acts on them (ESC starts
+# the sequences that move the cursor, clear the screen or set the title; \x9b is ESC [ alone).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: each control character but "\t" and "\n" shown as its escape
+    ("\x1b", "\r"), so a policy's answer, a tool's output or a program's stderr quoted in an
+    error or a log line is read, not obeyed."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def newline_split(text: str) -> list[str]:
     r"""The lines of a JSONL (or plain) text, split at "\n" alone (a trailing "\r" dropped).
 

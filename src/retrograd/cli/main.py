@@ -13,6 +13,7 @@ from retrograd.algorithms import table
 from retrograd.cli.bench import BENCHES
 from retrograd.cli.profile import PROFILED
 from retrograd.errors import RetrogradError
+from retrograd.text import printable
 from retrograd.version import __version__
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except RetrogradError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

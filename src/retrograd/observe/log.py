@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from retrograd.text import printable
+
 LOGGER = "retrograd"
 
 
@@ -37,7 +39,8 @@ class _Stderr(logging.StreamHandler):
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         where = record.name.removeprefix(LOGGER).lstrip(".") or LOGGER
-        line = f"retrograd {record.relativeCreated / 1000:7.2f}s {where}: {record.getMessage()}"
+        message = printable(record.getMessage())  # a quoted answer's ESC sequences, shown
+        line = f"retrograd {record.relativeCreated / 1000:7.2f}s {where}: {message}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -21,6 +21,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from retrograd.observe import names
+from retrograd.text import printable
 
 
 def format_duration(seconds: float) -> str:
@@ -144,8 +145,9 @@ class Progress:
 
     def event(self, message: str) -> None:
         """A line that stays: above the bar on a terminal, in sequence otherwise."""
-        # NOTE: markup off: paths and error messages hold brackets ("[sft].data").
-        self.console.print(message, markup=False, highlight=False)
+        # NOTE: markup off: paths and error messages hold brackets ("[sft].data"); control
+        # characters shown, not sent (a quoted answer may hold ESC sequences).
+        self.console.print(printable(message), markup=False, highlight=False)
 
     def evaluation(self, global_step: int, values: Mapping[str, float], improved: bool) -> None:
         shown = ", ".join(f"{name} {format_value(float(v))}" for name, v in values.items())
@@ -171,9 +173,11 @@ class Progress:
         table.add_column(style="bold")
         table.add_column()
         for label, value in rows.items():
-            table.add_row(escape(label), escape(format_value(value)))
+            table.add_row(escape(printable(label)), escape(printable(format_value(value))))
         self.console.print(table)
 
     def fail(self, message: str) -> None:
         self.close()
-        self.console.print(f"[bold red]run failed:[/] {escape(message)}", highlight=False)
+        self.console.print(
+            f"[bold red]run failed:[/] {escape(printable(message))}", highlight=False
+        )

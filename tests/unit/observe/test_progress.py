@@ -51,6 +51,22 @@ def test_events_keep_brackets_and_summary_lists_rows(plain_console):
     assert "run failed: [sft].data = x.jsonl: no such file" in text
 
 
+HOSTILE = "ok\x1b[2J\x1b]0;owned\x07\x9b31m\rspoof\x00\x7f"  # clear, set the title, CSI, CR
+
+
+def test_control_characters_in_events_and_failures_are_shown_not_sent(terminal_console):
+    """A policy's answer or a program's stderr quoted in an event, a summary row or a failure
+    reaches the terminal as escapes ("\\x1b"), never as a sequence the terminal obeys."""
+    progress = Progress(4, console=terminal_console)
+    progress.event(f"update 3, group 1: {HOSTILE}; the group is dropped")
+    progress.summary({"last answer": HOSTILE})
+    progress.fail(f"reward program: batch 2: stderr: {HOSTILE}")
+    text = terminal_console.file.getvalue()
+    for raw in ("\x1b[2J", "\x1b]0;", "\x07", "\x9b", "\rspoof", "\x00", "\x7f"):
+        assert raw not in text, raw
+    assert text.count("ok\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\rspoof\\x00\\x7f") == 3
+
+
 def test_live_bar_on_a_terminal(terminal_console):
     progress = Progress(4, console=terminal_console, title="sft")
     for step in range(1, 5):
