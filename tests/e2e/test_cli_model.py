@@ -41,6 +41,20 @@ def test_inspect_bad_file_is_one_clear_line(tmp_path, capsys):
     assert err.startswith("error: ") and "not a GGUF file" in err and "Traceback" not in err
 
 
+def test_inspect_shows_a_hostile_files_names_as_text(tmp_path, capsys):
+    """general.name is the file maker's: its brackets are not rich markup (a "[/bold]" was a
+    MarkupError traceback) and its ESC sequences are shown, not sent to the terminal."""
+    from tests.factories.tiny_gguf import write_tiny
+
+    hostile = "[/bold] \x1b]0;owned\x07\x1b[31mred [link=https://x.example]click[/link]"
+    path = write_tiny(tmp_path / "h.gguf", "llama", general_name=hostile)
+    assert main(["inspect", "--model", str(path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    shown = "[/bold] \\x1b]0;owned\\x07\\x1b[31mred [link=https://x.example]click[/link]"
+    assert shown.replace(" ", "") in "".join(out.split())  # as text, wherever rich wraps it
+
+
 @pytest.mark.parametrize("name", ["gemma3", "phi3"])
 def test_preflight_passes_strict_on_cpu(tiny_model, capsys, name):
     assert main(["preflight", "--model", str(tiny_model(name)), "--strict", "--device", "cpu"]) == 0

@@ -107,12 +107,18 @@ def norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def attention_header(
-    path: Path, arch: str, name: str, n_layer: int, eps: float, rope_base: float
+    path: Path,
+    arch: str,
+    name: str,
+    n_layer: int,
+    eps: float,
+    rope_base: float,
+    general_name: str | None = None,
 ) -> gguf.GGUFWriter:
     """A writer with what the tiny attention models share: N_EMBD, N_FF, N_HEAD, N_HEAD_KV and
     HEAD_DIM, a 256-token context, F32 weights, and the given layers, norm eps and rope base."""
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{name}")
+    w.add_name(f"tiny-{name}" if general_name is None else general_name)
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
@@ -127,9 +133,16 @@ def attention_header(
     return w
 
 
-def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None = None) -> Path:
+def write_tiny(
+    path: Path,
+    name: str,
+    seed: int = 0,
+    chat_template: str | None = None,
+    general_name: str | None = None,
+) -> Path:
     """Write the F32 tiny model `name` (a key of SPECS) to path, with `chat_template` as its
-    tokenizer.chat_template when given (none otherwise, as the Gemma test model)."""
+    tokenizer.chat_template when given (none otherwise, as the Gemma test model) and
+    `general_name` as its general.name when given."""
     if name not in SPECS:
         _load_family_writers()
         return WRITERS[name](path, seed, chat_template)
@@ -137,7 +150,8 @@ def write_tiny(path: Path, name: str, seed: int = 0, chat_template: str | None =
     arch = spec.arch
     rng = np.random.default_rng(seed)
     eps = 1e-6 if arch.startswith("gemma") else 1e-5
-    w = attention_header(path, arch, name, spec.n_layer, eps, 1e6 if arch == "gemma3" else 1e4)
+    rope_base = 1e6 if arch == "gemma3" else 1e4
+    w = attention_header(path, arch, name, spec.n_layer, eps, rope_base, general_name)
     if arch == "llama":
         w.add_rope_dimension_count(HEAD_DIM)
     if spec.window:

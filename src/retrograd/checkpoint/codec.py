@@ -44,6 +44,8 @@ ADAPTER, TRAINABLE, OPTIMIZER_BIN, ARTIFACTS = (
     "optimizer-state.bin",
     "artifacts",
 )
+RECORDS = ("progress.msgpack", "scheduler.msgpack", "rng.msgpack", "dataset.msgpack")
+RECORDS += ("optimizer.msgpack",)
 SLOT_ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2}
 SLOT_ITEMSIZE |= {"i8": 1, "u8": 1, "bool": 1}
 _GGUF_NUMPY = {"F32": np.float32, "F16": np.float16}
@@ -220,6 +222,14 @@ class _Malformed(Exception):
 def _state(directory: Path, manifest: dict) -> CheckpointState:
     for name in manifest["artifacts"]:
         _inside(name, ARTIFACTS)
+    adapter = manifest["adapter"]
+    read = [*RECORDS, OPTIMIZER_BIN, *(f"{ARTIFACTS}/{n}" for n in manifest["artifacts"])]
+    read += [adapter["file"]] if adapter is not None else []
+    read += [TRAINABLE] if manifest["trainable"] else []
+    for rel in read:  # what the manifest vouches for (_check_files) is all that is opened
+        _inside(rel)
+        if rel not in manifest["files"]:
+            raise ValueError(f"{rel!r} is read but not listed in the manifest's files")
     return CheckpointState(
         architecture=manifest["architecture"],
         progress=_typed(directory, "progress.msgpack", Progress),
@@ -243,15 +253,28 @@ def _inside(rel: str, where: str = "") -> None:
 
 
 def _check_files(directory: Path, files: dict, verify: bool) -> None:
+    """Each listed file is a regular file inside the directory (no link on its way: the
+    checkpoint may come from anyone), of its size and, with `verify`, its sha256."""
+    root = directory.resolve()
     for rel, meta in files.items():
         _inside(rel)
         path = directory / rel
+        if any((directory / part).is_symlink() for part in _prefixes(rel)):
+            raise ValueError(f"{rel!r} is a link (a checkpoint's files are its own)")
+        if not path.resolve().is_relative_to(root):
+            raise ValueError(f"{rel!r} names a file outside the checkpoint")
         if not path.is_file() or path.stat().st_size != meta["bytes"]:
             raise CheckpointError(
                 f"{path}: missing or of the wrong size; the checkpoint is damaged"
             )
         if verify and _sha256(path) != meta["sha256"]:
             raise CheckpointError(f"{path}: content differs from the manifest (sha256)")
+
+
+def _prefixes(rel: str) -> list[str]:
+    """ "a/b/c" -> ["a", "a/b", "a/b/c"]: each path a file's own path passes through."""
+    parts = PurePosixPath(rel).parts
+    return ["/".join(parts[: k + 1]) for k in range(len(parts))]
 
 
 def _record(directory: Path, name: str) -> dict:

@@ -140,9 +140,21 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return best[0].path if best else None
 
 
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files: megabytes at most
+
+
 def read_manifest(path: Path) -> dict:
+    """The manifest of the checkpoint at `path`: a regular file (not a link: a checkpoint may
+    come from anyone) of at most MAX_MANIFEST_BYTES; else a CheckpointError."""
+    file = path / MANIFEST
+    if file.is_symlink() or (file.exists() and not file.is_file()):
+        raise CheckpointError(f"{file}: unreadable manifest (not a regular file)")
     try:
-        manifest = msgpack.unpackb((path / MANIFEST).read_bytes(), raw=False, strict_map_key=False)
+        if file.stat().st_size > MAX_MANIFEST_BYTES:
+            raise CheckpointError(
+                f"{file}: unreadable manifest (over {MAX_MANIFEST_BYTES >> 20} MiB)"
+            )
+        manifest = msgpack.unpackb(file.read_bytes(), raw=False, strict_map_key=False)
     except (OSError, ValueError, msgpack.UnpackException) as e:
         raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({e})") from None
     if not isinstance(manifest, dict):

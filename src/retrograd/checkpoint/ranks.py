@@ -9,12 +9,19 @@ additions inside it, both covered by its manifest and landed by the same atomic 
 - `artifacts/rng-rank<r>.msgpack`: each rank's random generators.
 Resume reads the tensors and slots back from dcp/ into each rank's own (sharded or not), and
 each rank its generators. A checkpoint resumes with the world size that saved it; any other is
-refused naming both (docs/distributed.md). This module knows no loop; run.py calls it.
+refused naming both (docs/distributed.md). torch reads dcp/.metadata with pickle:
+check_metadata unpickles it first with only its metadata classes allowed, so a checkpoint from
+someone else runs no code. This module knows no loop; run.py calls it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import inspect
+import pathlib
+import pickle
+import sys
 from pathlib import Path
 
 import msgpack
@@ -70,6 +77,48 @@ def save_state(directory, checkpoint_id: str, state: CheckpointState, named, opt
     return Path(broadcast_object(str(final) if final is not None else None))
 
 
+METADATA = ".metadata"  # torch.distributed.checkpoint's index of dcp/, a pickle
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only what torch.distributed.checkpoint writes in its .metadata: its metadata
+    dataclasses, _StorageInfo, torch.Size, dtypes, layouts and paths. A pickle runs whatever
+    callable it names; a checkpoint from someone else must not run anything."""
+
+    def find_class(self, module: str, name: str):
+        import torch.distributed.checkpoint.filesystem as fs
+        import torch.distributed.checkpoint.metadata as md
+
+        allowed = {
+            md.__name__: lambda o: inspect.isclass(o) and o.__module__ == md.__name__,
+            fs.__name__: lambda o: o is fs._StorageInfo,
+            "torch": lambda o: o is torch.Size or isinstance(o, torch.dtype),
+            "torch.serialization": lambda o: o is torch.serialization._get_layout,
+            "pathlib": lambda o: o in (pathlib.PosixPath, pathlib.PurePosixPath),
+            "collections": lambda o: o is collections.OrderedDict,
+        }
+        module_obj = sys.modules.get(module) if module in allowed else None
+        found = getattr(module_obj, name, None) if module_obj is not None else None
+        if found is None or not allowed[module](found):
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        return found
+
+
+def check_metadata(path: Path, source: str) -> None:
+    """dcp/.metadata must be a regular file whose pickle names only checkpoint metadata
+    (_MetadataUnpickler); else a CheckpointError, before torch loads it with pickle."""
+    if path.is_symlink() or not path.is_file():
+        raise CheckpointError(f"cannot resume from {source}: {DCP_DIR}/{METADATA} is not a file")
+    try:
+        with path.open("rb") as f:
+            _MetadataUnpickler(f).load()
+    except Exception as error:  # a hostile or damaged pickle fails in many ways
+        raise CheckpointError(
+            f"cannot resume from {source}: {DCP_DIR}/{METADATA} is not a checkpoint's "
+            f"metadata ({type(error).__name__}: {error})"
+        ) from None
+
+
 def check_world(state: CheckpointState, source: str) -> None:
     """The world size that saved the checkpoint must be this one's."""
     saved = int(state.identity.trajectory_settings.get(WORLD_SIZE, 1))
@@ -92,6 +141,7 @@ def restore_state(state: CheckpointState, source: str, named, optimizer) -> None
     folder = path / DCP_DIR
     if not folder.is_dir():
         raise CheckpointError(f"cannot resume from {source}: it holds no {DCP_DIR}/ folder")
+    check_metadata(folder / METADATA, source)  # before torch unpickles it
     meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     params = dict(named)
     saved = {k.split("/", 1)[1] for k in meta if k.startswith("trained/")}

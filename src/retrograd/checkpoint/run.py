@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from retrograd.checkpoint.fingerprint import ModelIdentity, model_identity, settings_signature
-from retrograd.checkpoint.layout import latest_checkpoint
+from retrograd.checkpoint.layout import CheckpointError, latest_checkpoint
 from retrograd.checkpoint.optim import optimizer_state, restore_optimizer
 from retrograd.checkpoint.ranks import WORLD_SIZE, check_world, restore_state, save_state
 from retrograd.checkpoint.resume import check_resume
@@ -130,10 +130,17 @@ def restore(
         for name, param in named if not world().active else ():  # ranks: from dcp/ below
             stem, half = name.rsplit(".", 1)
             if half in ("lora_a", "lora_b"):
-                a, b = tensors[stem]
+                a, b = tensors.get(stem, (None, None))
                 value = a if half == "lora_a" else b
             else:
-                value = base[name]  # a trained base tensor (f32, or its f16 values)
+                value = base.get(name)  # a trained base tensor (f32, or its f16 values)
+            if value is None or tuple(value.shape) != tuple(param.shape):
+                # NOTE: copy_ would broadcast a wrong shape; the checkpoint may be anyone's
+                got = "missing" if value is None else f"of shape {tuple(value.shape)}"
+                raise CheckpointError(
+                    f"cannot resume from {source}: {name} is {got}, the run's is "
+                    f"{tuple(param.shape)}"
+                )
             param.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(param.dtype))
     restore_optimizer(optimizer, [n for n, _ in named], state.optimizer)
     restore_rng(state.rng)

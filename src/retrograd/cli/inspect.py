@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from retrograd.cli.common import add_device_flag, add_model_flag
@@ -21,6 +22,7 @@ from retrograd.gguf import GGUFFile
 from retrograd.model.arch import FLOAT_PARTS, TARGET_ALIASES, alias_suffixes, auto_targets
 from retrograd.model.config import ModelConfig
 from retrograd.model.device import probe_device
+from retrograd.text import printable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -260,19 +262,25 @@ def rank_memory(g: GGUFFile, ranks: int) -> list[tuple[str, int, str]]:
     ]
 
 
+def _safe(value: object) -> str:
+    """Text read from the file (a name, an architecture, tensor names) for a rich cell: its
+    brackets not markup, its control characters shown (the file may be anyone's)."""
+    return escape(printable(str(value)))
+
+
 def run(args: argparse.Namespace) -> int:
     g = GGUFFile(args.model)
     cfg = ModelConfig.from_gguf(g)
     device = probe_device(args.device)
     con = Console()
     con.print(
-        f"[bold]{g.path.name}[/]  {g.get('general.name', '')}  "
-        f"architecture [bold]{cfg.name}[/], {len(g.tensors)} tensors, {_mib(g.n_bytes)}"
+        f"[bold]{_safe(g.path.name)}[/]  {_safe(g.get('general.name', ''))}  "
+        f"architecture [bold]{_safe(cfg.name)}[/], {len(g.tensors)} tensors, {_mib(g.n_bytes)}"
     )
 
     t = Table(title="Hyper-parameters", show_header=False, title_justify="left")
     for k, v in hyperparameters(cfg):
-        t.add_row(k, v)
+        t.add_row(_safe(k), _safe(v))
     con.print(t)
 
     by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -283,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("type", "tensors", "bytes"):
         t.add_column(col, justify="right" if col != "type" else "left")
     for name, (count, size) in sorted(by_type.items(), key=lambda kv: -kv[1][1]):
-        t.add_row(name, str(count), _mib(size))
+        t.add_row(_safe(name), str(count), _mib(size))
     con.print(t)
 
     bases = [name.removesuffix(".weight") for name in g.tensors]
@@ -291,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("alias", "tensors", "count", "shape (out x in)"):
         t.add_column(col)
     for alias, pattern, count, shape in lora_targets(g, cfg):
-        t.add_row(alias, pattern, str(count), shape)
+        t.add_row(_safe(alias), _safe(pattern), str(count), _safe(shape))
     con.print(t)
     con.print(
         "alias - : name the tensor pattern in \\[lora].targets\n"
@@ -306,22 +314,22 @@ def run(args: argparse.Namespace) -> int:
     for col in ("tensors", "count", "trainable"):
         t.add_column(col)
     for (group, typ), n in sorted(can.items()):
-        t.add_row(group, str(n), f"yes ({typ})")
+        t.add_row(_safe(group), str(n), f"yes ({_safe(typ)})")
     for (group, why), n in sorted(never.items()):
-        t.add_row(group, str(n), f"[red]never[/]: {why}")
+        t.add_row(_safe(group), str(n), f"[red]never[/]: {_safe(why)}")
     con.print(t)
     t = Table(title="What each training.trainable mode trains", title_justify="left")
     t.add_column("mode")
     t.add_column("trains")
     for mode, what in per_mode(g, cfg):
-        t.add_row(mode, what)
+        t.add_row(mode, _safe(what))
     con.print(t)
     ranks = getattr(args, "ranks", 2)
     t = Table(title=f"Frozen weights per rank on {ranks} ranks", title_justify="left")
     for col in ("\\[training].parallel", "per rank", "counts"):
         t.add_column(col)
     for mode, n, what in rank_memory(g, ranks):
-        t.add_row(mode, _mib(n), what)
+        t.add_row(mode, _mib(n), _safe(what))
     con.print(t)
     con.print(
         "plus on every rank: the trained tensors and their optimizer state, activations, and "

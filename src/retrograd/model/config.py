@@ -8,11 +8,12 @@ any weight is touched.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from retrograd.errors import UnsupportedError
+from retrograd.errors import GGUFError, UnsupportedError
 from retrograd.gguf import GGUFFile
 from retrograd.model.arch import ARCHS, ArchFacts
 
@@ -123,8 +124,9 @@ class ModelConfig:
                 raise UnsupportedError(f"{g.path.name}: missing metadata key {arch_name}.{k}")
             return v
 
-        n_layer = int(required("block_count"))
-        n_embd = int(required("embedding_length"))
+        n_layer = _count(g, arch_name, "block_count", required("block_count"))
+        _check_blocks(g, arch_name, n_layer)
+        n_embd = _count(g, arch_name, "embedding_length", required("embedding_length"))
         n_head = _per_layer_uniform(g, "attention.head_count", required("attention.head_count"))
         n_head_kv = _per_layer_uniform(
             g, "attention.head_count_kv", key("attention.head_count_kv", n_head)
@@ -140,6 +142,11 @@ class ModelConfig:
         head_dim = int(key("attention.key_length", per_head))
         head_dim_v = int(key("attention.value_length", per_head))
         n_rot = int(key("rope.dimension_count", head_dim))
+        if not 0 <= n_rot <= max(head_dim, head_dim_v):  # it sizes the rope's tables
+            raise GGUFError(
+                f"{g.path.name}: {arch_name}.rope.dimension_count = {n_rot}: must be at most "
+                f"the head dimension ({max(head_dim, head_dim_v)})"
+            )
         _check_rope_scaling(g, arch_name)
         _check_rope_sections(g, arch, n_rot)
         factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
@@ -239,6 +246,29 @@ def _check_rope_scaling(g: GGUFFile, arch_name: str) -> None:
         raise UnsupportedError(
             f"{g.path.name}: LongRoPE factors (rope_factors_long) are not supported"
         )
+
+
+def _count(g: GGUFFile, arch_name: str, k: str, value) -> int:
+    """A metadata count: a whole number of at least 1, else a GGUFError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise GGUFError(
+            f"{g.path.name}: {arch_name}.{k} = {value!r:.40}: must be a whole number >= 1"
+        )
+    return int(value)
+
+
+def _check_blocks(g: GGUFFile, arch_name: str, n_layer: int) -> None:
+    """block_count sizes a tuple a layer before any tensor is read: it may not claim blocks the
+    file does not hold (a file claiming 10^8 would take minutes and gigabytes to refuse)."""
+    held = {int(name.split(".", 2)[1]) for name in g.tensors if _BLOCK.match(name)}
+    if g.tensors and n_layer > (max(held) + 1 if held else 0):
+        raise GGUFError(
+            f"{g.path.name}: {arch_name}.block_count = {n_layer}, but the file holds tensors for "
+            f"{len(held)} block{'s' * (len(held) != 1)}"
+        )
+
+
+_BLOCK = re.compile(r"blk\.\d+\.")
 
 
 def _check_rope_sections(g: GGUFFile, arch: ArchFacts, n_rot: int) -> None:

@@ -155,7 +155,10 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
         raise GGUFError(
             f"{where}: adapter for {g.get('general.architecture')!r}, model is {decoder.cfg.name!r}"
         )
-    alpha = float(g.get("adapter.lora.alpha", 0.0))
+    alpha = g.get("adapter.lora.alpha", 0.0)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise GGUFError(f"{where}: adapter.lora.alpha = {alpha!r:.60}: must be a finite number")
+    alpha = float(alpha)
     modules = target_modules(decoder)
     out = {}
     for name in sorted(t[: -len(".lora_a")] for t in g.tensors if t.endswith(".lora_a")):
@@ -166,18 +169,23 @@ def apply_adapter_file(decoder: Decoder, path: str | Path, scale: float = 1.0) -
             raise GGUFError(
                 f"{where}: {name}.lora_a targets a tensor this model has no linear for ({base})"
             )
+        if name + ".lora_b" not in g.tensors:
+            raise GGUFError(f"{where}: {name}.lora_a has no {name}.lora_b")
         a_info, b_info = g.tensor(name + ".lora_a"), g.tensor(name + ".lora_b")
-        a, b = _dense(a_info), _dense(b_info)
         lin = modules[base]
         n_expert = _experts(lin)
         lead = (n_expert,) if n_expert else ()
-        r = a.shape[-2] if a.dim() >= 2 else 0
-        if a.shape != (*lead, r, lin.in_features) or b.shape != (*lead, lin.out_features, r):
+        a_shape, b_shape = tuple(a_info.shape), tuple(b_info.shape)
+        r = a_shape[-2] if len(a_shape) >= 2 else 0
+        # the shapes are checked before anything is dequantized: the file may be anyone's
+        want_a, want_b = (*lead, r, lin.in_features), (*lead, lin.out_features, r)
+        if r < 1 or a_shape != want_a or b_shape != want_b:
             size = "x".join(str(d) for d in (*lead, lin.out_features, lin.in_features))
             raise GGUFError(
-                f"{where}: {name}: lora_a {tuple(a.shape)} and lora_b {tuple(b.shape)} "
-                f"do not fit a {size} weight"
+                f"{where}: {name}: lora_a {a_shape} and lora_b {b_shape} do not fit a {size} "
+                f"weight at a rank of at least 1"
             )
+        a, b = _dense(a_info), _dense(b_info)
         lora = LoRA(lin.in_features, lin.out_features, r, alpha, n_expert=n_expert)
         lora.scale *= scale
         with torch.no_grad():

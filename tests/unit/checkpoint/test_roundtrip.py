@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from retrograd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from retrograd.checkpoint.codec import pack
+from retrograd.checkpoint.layout import read_manifest
 from retrograd.gguf import GGUFFile
 from tests.unit.checkpoint.sample_state import make_state
 
@@ -172,7 +174,21 @@ HOSTILE_MANIFESTS = [
     ("an artifact out of its folder", lambda m: m | {"artifacts": ["../../manifest.msgpack"]}),
     ("a file out of the folder", lambda m: m | {"files": {"../outside": {"bytes": 1}}}),
     ("an absolute file", lambda m: m | {"files": {"/etc/hostname": {"bytes": 1}}}),
+    # every file read must be one the manifest vouches for (size, sha256)
+    (
+        "an adapter out of the folder",
+        lambda m: m | {"adapter": m["adapter"] | {"file": "../x.gguf"}},
+    ),
+    ("an absolute adapter", lambda m: m | {"adapter": m["adapter"] | {"file": "/etc/hostname"}}),
+    ("an unlisted record", lambda m: m | {"files": _without(m["files"], "progress.msgpack")}),
+    ("an unlisted optimizer", lambda m: m | {"files": _without(m["files"], "optimizer-state.bin")}),
+    ("an unlisted artifact", lambda m: m | {"files": _without(m["files"], "artifacts/critic.bin")}),
 ]
+
+
+def _without(files: dict, name: str) -> dict:
+    assert name in files, name
+    return {k: v for k, v in files.items() if k != name}
 
 
 @pytest.mark.parametrize(
@@ -186,6 +202,42 @@ def test_a_hostile_manifest_is_a_checkpoint_error_naming_it(tmp_path, what, chan
     with pytest.raises(CheckpointError) as refused:
         load_checkpoint(path, verify=False)
     assert str(path) in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        ("optimizer-state.bin", "/dev/zero"),  # endless: read, it would fill the memory
+        ("artifacts/critic.bin", "secret"),  # a file of the host's, loaded as an artifact
+        ("artifacts", "elsewhere"),  # a folder on the way
+    ],
+)
+def test_a_checkpoint_file_that_is_a_link_is_refused(tmp_path, name, target):
+    """A checkpoint may come from anyone: its files are its own, never links out of it."""
+    path = save_checkpoint(tmp_path / "run", "best", make_state(1))
+    outside = tmp_path / target if not target.startswith("/") else Path(target)
+    if target == "elsewhere":
+        (path / name).rename(outside)
+    elif target == "secret":
+        outside.write_bytes((path / name).read_bytes())  # the same bytes: size and sha match
+        (path / name).unlink()
+    else:
+        (path / name).unlink()
+    (path / name).symlink_to(outside)
+    for verify in (True, False):
+        with pytest.raises(CheckpointError, match=r"is a link|outside the checkpoint") as refused:
+            load_checkpoint(path, verify=verify)
+        assert str(path) in str(refused.value)
+
+
+def test_a_manifest_that_is_a_link_or_not_a_file_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path, "best", make_state(1))
+    (path / "manifest.msgpack").unlink()
+    (path / "manifest.msgpack").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint"):
+        load_checkpoint(path)  # never read: it is not a file
+    with pytest.raises(CheckpointError, match=r"unreadable manifest \(not a regular file\)"):
+        read_manifest(path)
 
 
 def test_a_hostile_record_is_a_checkpoint_error_naming_it(tmp_path):

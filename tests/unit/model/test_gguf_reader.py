@@ -155,3 +155,64 @@ def test_an_alignment_that_is_not_a_positive_integer_is_malformed(tmp_path, alig
 def test_counts_past_the_file_are_truncated(tmp_path, n_kv, n_tensors, kvs):
     with pytest.raises(GGUFError, match=r"hostile\.gguf: truncated GGUF"):
         GGUFFile(_gguf(tmp_path, kvs, n_kv, n_tensors))
+
+
+def _clone(src, dst, overrides: dict, drop_tensors=()):
+    """`src` rewritten by gguf-py with some metadata values replaced: a file someone crafted."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name in overrides:
+            value, vtype = overrides[name]
+            w.add_key_value(name, value, vtype)
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, field.contents())
+        else:
+            w.add_key_value(name, field.contents(), field.types[0])
+    for t in r.tensors:
+        if t.name not in drop_tensors:
+            w.add_tensor(t.name, np.asarray(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+U32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        # sized a tuple a layer before any tensor was read: minutes and gigabytes, then a
+        # MemoryError; now refused at once against the blocks the file holds
+        (
+            "llama.block_count",
+            (10**8, U32),
+            r"block_count = 100000000, but the file holds tensors for 2 blocks",
+        ),
+        ("llama.block_count", (0, U32), r"block_count = 0: must be a whole number >= 1"),
+        ("llama.block_count", ("two", STR), r"block_count = 'two': must be a whole number >= 1"),
+        ("llama.embedding_length", (0, U32), r"embedding_length = 0: must be a whole number >= 1"),
+        # sized the rope's tables: a 2^31-wide table at the first forward
+        (
+            "llama.rope.dimension_count",
+            (2**31, U32),
+            r"rope.dimension_count = 2147483648: must be at most the head dimension \(\d+\)",
+        ),
+    ],
+)
+def test_metadata_that_would_size_memory_is_checked_before(tiny_model, tmp_path, key, value, why):
+    path = _clone(tiny_model("llama"), tmp_path / "crafted.gguf", {key: value})
+    with pytest.raises(GGUFError, match=r"^crafted.gguf: llama\." + why):
+        ModelConfig.from_gguf(GGUFFile(path))
+
+
+def test_the_untouched_clone_reads_as_its_source(tiny_model, tmp_path):
+    path = _clone(tiny_model("llama"), tmp_path / "same.gguf", {})
+    assert ModelConfig.from_gguf(GGUFFile(path)) == ModelConfig.from_gguf(
+        GGUFFile(tiny_model("llama"))
+    )
