@@ -153,6 +153,9 @@ class _Cursor:
         return out
 
 
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
 @dataclass(frozen=True)
 class _Header:
     version: int
@@ -171,16 +174,25 @@ def _parse_header(buf: memoryview) -> _Header:
     metadata = {}
     for _ in range(n_kv):
         key = cur.string()
+        if key in metadata:  # llama.cpp and gguf-py refuse it too: which one would count?
+            raise ValueError(f"metadata key {key!r} appears twice")
         metadata[key] = cur.value(cur.scalar("<I"))
-    tensors = []
+    tensors, names = [], set()
     for _ in range(n_tensors):
         name = cur.string()
+        if name in names:
+            raise ValueError(f"tensor {name!r} appears twice")
+        names.add(name)
         n_dims = cur.scalar("<I")
+        if n_dims > MAX_DIMS:
+            raise ValueError(
+                f"tensor {name!r} has {n_dims} dimensions (ggml has at most {MAX_DIMS})"
+            )
         ne = tuple(cur.scalar("<Q") for _ in range(n_dims))
         tensors.append((name, ne, cur.scalar("<I"), cur.scalar("<Q")))
     align = metadata.get("general.alignment", 32)
-    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
-        raise ValueError(f"general.alignment = {align!r}: must be a positive integer")
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1 or align & (align - 1):
+        raise ValueError(f"general.alignment = {align!r}: must be a power of two")
     data_start = (cur.pos + align - 1) // align * align
     return _Header(version, metadata, tensors, data_start)
 

@@ -130,8 +130,10 @@ def test_a_string_array_cut_inside_a_length_is_truncated(tmp_path):
         GGUFFile(_gguf(tmp_path, kv, 1))
 
 
-@pytest.mark.parametrize("alignment", [(_UINT32, 0), (_INT32, -32), (_STRING, "32")])
-def test_an_alignment_that_is_not_a_positive_integer_is_malformed(tmp_path, alignment):
+@pytest.mark.parametrize(
+    "alignment", [(_UINT32, 0), (_INT32, -32), (_STRING, "32"), (_UINT32, 3), (_UINT32, 48)]
+)
+def test_an_alignment_that_is_not_a_power_of_two_is_malformed(tmp_path, alignment):
     kind, value = alignment
     raw = _key(value) if kind == _STRING else struct.pack("<i" if kind == _INT32 else "<I", value)
     kv = _key("general.alignment") + struct.pack("<I", kind) + raw
@@ -155,6 +157,39 @@ def test_an_alignment_that_is_not_a_positive_integer_is_malformed(tmp_path, alig
 def test_counts_past_the_file_are_truncated(tmp_path, n_kv, n_tensors, kvs):
     with pytest.raises(GGUFError, match=r"hostile\.gguf: truncated GGUF"):
         GGUFFile(_gguf(tmp_path, kvs, n_kv, n_tensors))
+
+
+def _tensor(name: str, ne: tuple[int, ...], offset: int = 0) -> bytes:
+    """A tensor-table entry: an F32 tensor of ggml dims `ne` at `offset`."""
+    return (
+        _key(name)
+        + struct.pack("<I", len(ne))
+        + struct.pack(f"<{len(ne)}Q", *ne)
+        + struct.pack("<IQ", 0, offset)
+    )
+
+
+def _u32(name: str, value: int) -> bytes:
+    return _key(name) + struct.pack("<II", _UINT32, value)
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "n_tensors", "body", "why"),
+    [
+        # llama.cpp and gguf-py refuse these; the last one read would silently win
+        (
+            2,
+            0,
+            _u32("a.block_count", 2) + _u32("a.block_count", 3),
+            r"metadata key 'a.block_count' appears twice",
+        ),
+        (0, 2, _tensor("w", (4,)) + _tensor("w", (4,), 16), r"tensor 'w' appears twice"),
+        (0, 1, _tensor("w", (1,) * 1000), r"tensor 'w' has 1000 dimensions \(ggml has at most 4\)"),
+    ],
+)
+def test_what_llama_cpp_refuses_in_a_header_is_malformed(tmp_path, n_kv, n_tensors, body, why):
+    with pytest.raises(GGUFError, match=r"hostile\.gguf: malformed GGUF header: " + why):
+        GGUFFile(_gguf(tmp_path, body, n_kv, n_tensors, tail=b"\0" * 64))
 
 
 def _clone(src, dst, overrides: dict, drop_tensors=()):
