@@ -154,6 +154,20 @@ def check_sidecar_header(topk: TopK, tokenizer: str, ctx: int, where: str) -> No
         )
 
 
+def check_sidecar_ids(topk: TopK, n_vocab: int, where: str) -> None:
+    """Every teacher id and target a token of the model's vocabulary: a sidecar may be anyone's,
+    and an id past the vocabulary would fail inside the loss's gather (a device assert on a
+    GPU) rather than here, naming the file."""
+    for name in ("ids", "targets"):
+        values = getattr(topk, name)
+        outside = values[(values < 0) | (values >= n_vocab)]
+        if outside.size:
+            raise DataError(
+                f"{where}: {name} holds token {int(outside[0])}, outside the model's vocabulary "
+                f"of {n_vocab}; write it again with `retrograd distill-teacher`"
+            )
+
+
 def check_sidecar(topk: TopK, corpus: SFTDataset, where: str) -> None:
     """Refuse a sidecar written for another corpus, or whose positions are not this run's (a
     teacher whose chat template renders the corpus differently)."""
@@ -194,8 +208,9 @@ def run_distill_offline(cfg, door=None, *, resume=None, sinks=None, run_file=Non
     # the corpus, tokenized with the student's format, and the sidecar, checked against it,
     # before the weights load
     topk = read_topk(d.sidecar, f"[distill].sidecar = {d.sidecar}")
-    tokenizer = tokenizer_fingerprint(_metadata(cfg.model.path))
-    check_sidecar_header(topk, tokenizer, cfg.training.ctx, f"{d.sidecar}")
+    metadata = _metadata(cfg.model.path)
+    check_sidecar_header(topk, tokenizer_fingerprint(metadata), cfg.training.ctx, f"{d.sidecar}")
+    check_sidecar_ids(topk, len(metadata.get("tokenizer.ggml.tokens") or ()), f"{d.sidecar}")
     chat = context.file_chat_format(cfg.model.path)
     train = load_sft_data(d.data, chat.tokenizer, cfg.training.ctx, "jsonl", chat)
     check_sidecar(topk, train, f"{d.sidecar}")

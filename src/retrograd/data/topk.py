@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,29 +139,70 @@ def read_topk(path: str | Path, where: str = "sidecar") -> TopK:
         header = nesting.loads(raw[len(MAGIC) + 8 : len(MAGIC) + 8 + head_len])
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise DataError(f"{bad} (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise DataError(f"{bad} (its header is not a JSON object)")
     if header.get("format") != "retrograd-topk" or header.get("version") != VERSION:
         raise DataError(f"{bad} of version {VERSION} (rewrite it with `retrograd distill-teacher`)")
-    arrays = {}
-    for name, dt in ARRAYS:
-        spec = header["arrays"][name]
-        shape = tuple(spec["shape"])
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-        if spec["dtype"] != dt or spec["offset"] + n > len(raw):
-            raise DataError(f"{bad} (array {name} is cut short: the file is truncated)")
-        arrays[name] = np.frombuffer(
-            raw, dtype=dt, count=n // np.dtype(dt).itemsize, offset=spec["offset"]
-        ).reshape(shape)
-    topk = TopK(
-        header["k"],
-        header["ctx"],
-        header["corpus"],
-        header["tokenizer"],
-        header["teacher"],
-        **arrays,
-    )
+    try:
+        arrays = _arrays(raw, header)
+        topk = TopK(
+            header["k"],
+            header["ctx"],
+            header["corpus"],
+            header["tokenizer"],
+            header["teacher"],
+            **arrays,
+        )
+        kinds = {"ctx": int, "corpus": dict, "tokenizer": str, "teacher": dict}
+        for key, kind in kinds.items():
+            if not isinstance(header[key], kind) or isinstance(header[key], bool):
+                raise TypeError(f"{key} = {header[key]!r:.40}: must be a {kind.__name__}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{bad} (its header is malformed: {type(e).__name__}: {e})") from None
+    except _CutShort as e:
+        raise DataError(f"{bad} (array {e} is cut short: the file is truncated)") from None
     if int(topk.counts.sum()) != len(topk.targets):
         raise DataError(f"{bad} (its counts do not add up to its positions)")
     return topk
+
+
+class _CutShort(Exception):
+    """An array that runs past the end of the file; args[0] names it."""
+
+
+def _arrays(raw: bytes, header: dict) -> dict[str, np.ndarray]:
+    """The four arrays as views of `raw`, after their layout is checked: a sidecar may be
+    anyone's (a shape of -1 or one that wraps 64 bits, an offset into the header, arrays of
+    shapes that do not agree). ValueError, TypeError or KeyError for a malformed layout."""
+    k = header["k"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k = {k!r}: must be a whole number >= 1")
+    ndims = {"counts": 1, "targets": 1, "ids": 2, "logprobs": 2}
+    arrays = {}
+    for name, dt in ARRAYS:
+        spec = header["arrays"][name]
+        shape, offset = spec["shape"], spec["offset"]
+        if spec["dtype"] != dt:
+            raise ValueError(f"array {name}: dtype {spec['dtype']!r}, expected {dt}")
+        ints = [offset, *shape] if isinstance(shape, list) else [None]
+        if len(shape) != ndims[name] or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in ints
+        ):
+            raise ValueError(f"array {name}: shape {shape!r:.60} and offset {offset!r:.30}")
+        n = math.prod(shape) * np.dtype(dt).itemsize  # Python ints: no 64-bit wrap
+        if offset < len(MAGIC) + 8 or offset + n > len(raw):
+            raise _CutShort(name)
+        arrays[name] = np.frombuffer(raw, dtype=dt, count=math.prod(shape), offset=offset)
+        arrays[name] = arrays[name].reshape(shape)
+    positions = len(arrays["targets"])
+    for name in ("ids", "logprobs"):
+        if arrays[name].shape != (positions, k):
+            raise ValueError(
+                f"array {name}: shape {arrays[name].shape}, expected ({positions}, {k})"
+            )
+    if (arrays["counts"] < 0).any():
+        raise ValueError("array counts: a negative count")
+    return arrays
 
 
 def _encode(header: dict) -> bytes:

@@ -59,3 +59,91 @@ def test_tokenizer_fingerprint_sees_the_vocabulary_not_the_template():
     other = dict(meta, **{"tokenizer.ggml.tokens": ["a", "c"]})
     assert tokenizer_fingerprint(meta) == tokenizer_fingerprint(same)
     assert tokenizer_fingerprint(meta) != tokenizer_fingerprint(other)
+
+
+def _with_header(tmp_path, change) -> object:
+    """The sample sidecar with its JSON header changed (padded to its length, as written)."""
+    import json
+    import struct
+
+    raw = write_topk(tmp_path / "c.topk", sample()).read_bytes()
+    (head_len,) = struct.unpack("<Q", raw[8:16])
+    header = json.loads(raw[16 : 16 + head_len])
+    body = json.dumps(change(header)).encode()
+    assert len(body) <= head_len, "the changed header must fit the written one"
+    path = tmp_path / "hostile.topk"
+    path.write_bytes(raw[:16] + body + b" " * (head_len - len(body)) + raw[16 + head_len :])
+    return path
+
+
+def _array(name, **change):
+    def apply(h):
+        h["arrays"][name] |= change
+        return h
+
+    return apply
+
+
+HOSTILE_HEADERS = [
+    # a shape of -1 read the rest of the file: 11 positions where 3 were declared
+    (
+        "a negative shape",
+        _array("ids", shape=[-1, 3]),
+        r"malformed: ValueError: array ids: shape \[-1, 3\]",
+    ),
+    (
+        "shapes that disagree",
+        _array("logprobs", shape=[4, 3]),
+        r"logprobs: shape \(4, 3\), expected \(5, 3\)",
+    ),
+    ("a shape of the wrong rank", _array("counts", shape=[3, 1]), r"array counts: shape \[3, 1\]"),
+    ("a float offset", _array("ids", offset=64.5), r"array ids: shape \[5, 3\] and offset 64.5"),
+    ("a negative offset", _array("ids", offset=-8), r"array ids: shape \[5, 3\] and offset -8"),
+    ("an offset into the header", _array("ids", offset=0), r"array ids is cut short"),
+    (
+        "a shape that wraps 64 bits",
+        _array("ids", shape=[(1 << 62) + 5, 4]),
+        r"array ids is cut short",
+    ),
+    ("a list header", lambda h: [h], r"its header is not a JSON object"),
+    (
+        "no arrays",
+        lambda h: {k: v for k, v in h.items() if k != "arrays"},
+        r"malformed: KeyError: 'arrays'",
+    ),
+    ("arrays a list", lambda h: h | {"arrays": [1]}, r"malformed: TypeError"),
+    ("k zero", lambda h: h | {"k": 0}, r"malformed: ValueError: k = 0"),
+    (
+        "a teacher that is a string",
+        lambda h: h | {"teacher": "x"},
+        r"teacher = 'x': must be a dict",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "why"), HOSTILE_HEADERS, ids=[h[0] for h in HOSTILE_HEADERS]
+)
+def test_a_hostile_header_is_a_data_error_naming_the_file(tmp_path, what, change, why):
+    """A sidecar may be anyone's: every malformed layout is a DataError naming the file and
+    what is wrong, never a silent misread or a raw KeyError."""
+    path = _with_header(tmp_path, change)
+    with pytest.raises(
+        DataError, match=r"\[distill\].sidecar = .*hostile.topk: not a .topk sidecar"
+    ) as refused:
+        read_topk(path, "[distill].sidecar")
+    assert refused.match(why)
+
+
+def test_teacher_ids_outside_the_vocabulary_are_refused():
+    from retrograd.algorithms.distill_offline import check_sidecar_ids
+
+    topk = sample()
+    check_sidecar_ids(topk, 500, "c.topk")  # ids drawn from [0, 500)
+    with pytest.raises(
+        DataError, match=r"c.topk: ids holds token 4\d\d, outside the model's vocabulary of 400"
+    ):
+        check_sidecar_ids(topk, 400, "c.topk")
+    topk.targets[0] = -1
+    with pytest.raises(DataError, match=r"targets holds token -1"):
+        check_sidecar_ids(topk, 500, "c.topk")
