@@ -14,9 +14,11 @@ in its place. This module reads names and manifests; store.py writes.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,19 +117,45 @@ def _info(directory: Path, checkpoint_id: str) -> CheckpointInfo:
         complete = True
     except CheckpointError:
         where, complete = path, False
-    manifest = read_manifest(where) if complete else {}
+    manifest = {}
+    if complete:
+        try:
+            manifest = read_manifest(where)
+        except CheckpointError:  # one damaged checkpoint must not fail the whole listing
+            complete = False
     step = check_id(checkpoint_id)
     sibling = export_path(directory, checkpoint_id)
+    saved_step, written_at = manifest.get("global_step", step), manifest.get("written_at")
     return CheckpointInfo(
         id=checkpoint_id,
         path=path,
         kind="best" if step is None else "step",
-        global_step=manifest.get("global_step", step),
-        bytes=sum(f.stat().st_size for f in where.rglob("*") if f.is_file()),
+        global_step=saved_step if _whole(saved_step) else step,
+        bytes=_bytes(where),
         complete=complete,
         adapter=sibling if sibling.is_file() else None,
-        written_at=manifest.get("written_at"),
+        written_at=float(written_at) if _number(written_at) else None,  # unix seconds
     )
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: object) -> bool:
+    """A time a manifest can hold: seconds from 1970 to about the year 5000."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and math.isfinite(value) and 0 <= value < 1e11
+
+
+def _bytes(directory: Path) -> int:
+    """The size of the regular files under `directory`, links not followed."""
+    total = 0
+    for folder, _, files in os.walk(directory):  # followlinks=False
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

@@ -18,6 +18,7 @@ from retrograd.server.documents import inside
 CACHE_SECONDS = 30.0
 MAX_DEPTH = 4
 MAX_FILES = 1000
+MAX_NAME_CHARS = 200  # general.name as the listing shows it
 
 
 class ModelFiles:
@@ -40,8 +41,11 @@ class ModelFiles:
                 found += [
                     Path(folder) / f
                     for f in sorted(files)
-                    if f.endswith(".gguf") and inside(Path(folder) / f, root)
-                ]  # a symlink to a file outside the root is not the root's
+                    if f.endswith(".gguf")
+                    and inside(Path(folder) / f, root)
+                    and (Path(folder) / f).is_file()
+                ]  # a symlink to a file outside the root is not the root's; a FIFO named
+                # x.gguf is not a file (opening it would wait for a writer forever)
                 if len(found) >= MAX_FILES:
                     return found[:MAX_FILES]
         return found
@@ -57,12 +61,12 @@ def describe(path: Path) -> dict[str, Any] | None:
         architecture = gguf.get("general.architecture")
     except Exception:  # not ours to judge here: the run that names it says what is wrong
         return None
-    if kind == "adapter":
-        return None
+    if kind == "adapter" or not isinstance(kind, str) or not isinstance(architecture, str):
+        return None  # one file's odd metadata (an array for a name) must not fail the listing
     role = "projector" if architecture == "clip" else ("vocab" if kind == "vocab" else "model")
     return {
         "path": str(path),
-        "name": str(gguf.get("general.name") or path.stem),
+        "name": str(gguf.get("general.name") or path.stem)[:MAX_NAME_CHARS],
         "bytes": path.stat().st_size,
         "role": role,
         "architecture": architecture,

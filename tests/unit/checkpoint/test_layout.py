@@ -47,6 +47,34 @@ def test_listing_newest_first_with_sizes_and_exports(tmp_path):
     assert top.written_at is not None and top.written_at >= infos[2].written_at
 
 
+@pytest.mark.parametrize(
+    ("manifest", "step", "written_at", "complete"),
+    [
+        (b"\xc1 not msgpack", 7, None, False),  # unreadable: listed as incomplete
+        ({"global_step": "7", "written_at": "noon"}, 7, None, True),  # wrong types: ignored
+        ({"global_step": True, "written_at": float("nan")}, 7, None, True),
+        ({"global_step": -3, "written_at": 1e300}, 7, None, True),  # 1e300 s overflowed iso()
+        ({"global_step": 9, "written_at": 1.7e9}, 9, 1.7e9, True),
+    ],
+)
+def test_one_odd_checkpoint_does_not_fail_the_listing(
+    tmp_path, manifest, step, written_at, complete
+):
+    """The run server lists every run's checkpoints from these: a damaged or crafted manifest
+    is shown as what can be read of it, and the others are listed as before."""
+    import msgpack
+
+    save_checkpoint(tmp_path, step_id(5), make_state(5))
+    odd = save_checkpoint(tmp_path, step_id(7), make_state(7))
+    data = manifest if isinstance(manifest, bytes) else msgpack.packb(manifest)
+    (odd / "manifest.msgpack").write_bytes(data)
+    (odd / "loop").symlink_to(odd)  # a link back: not followed when sizing
+    infos = {c.id: c for c in list_checkpoints(tmp_path)}
+    info = infos[step_id(7)]
+    assert (info.global_step, info.written_at, info.complete) == (step, written_at, complete)
+    assert infos[step_id(5)].complete and infos[step_id(5)].global_step == 5
+
+
 def test_ids():
     assert step_id(100) == "step-000000000100" and check_id(step_id(100)) == 100
     assert check_id("best") is None
