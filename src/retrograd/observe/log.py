@@ -39,11 +39,18 @@ class _Stderr(logging.StreamHandler):
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         where = record.name.removeprefix(LOGGER).lstrip(".") or LOGGER
-        message = printable(record.getMessage())  # a quoted answer's ESC sequences, shown
-        line = f"retrograd {record.relativeCreated / 1000:7.2f}s {where}: {message}"
+        line = f"retrograd {record.relativeCreated / 1000:7.2f}s {where}: {record.getMessage()}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return printable(line)  # a quoted answer's or tool's ESC sequences: shown, not sent
+
+
+class _Printable(logging.Formatter):
+    """logging's last-resort output (warnings when no handler is set up), control characters
+    shown: a warning may quote a tool name or an error the policy wrote."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 # The handler configure_logging(True) installed and the level it replaced; None when off.
@@ -52,8 +59,12 @@ _installed: dict[str, object] = {}
 
 def configure_logging(verbose: bool) -> None:
     """Verbose: the `retrograd` logger writes DEBUG and above to stderr. Not verbose: undo
-    that (a no-op when it was never on)."""
+    that (a no-op when it was never on). Either way logging's last resort (what prints a
+    warning when no handler is set up) shows control characters as escapes."""
     logger = logging.getLogger(LOGGER)
+    last = logging.lastResort
+    if last is not None and not isinstance(last.formatter, _Printable):
+        last.setFormatter(_Printable())  # only ever reached when nothing else handles a record
     if verbose and not _installed:
         handler = _Stderr()
         handler.setFormatter(_Format())

@@ -5,6 +5,8 @@ for the terminal to act on (clear the screen, set the title, move the cursor).""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -42,3 +44,20 @@ def test_a_log_line_quoting_hostile_text_is_written_escaped(verbose, capsys):
     logging.getLogger("retrograd.agent.rollout").warning("tool failed: %s", HOSTILE)
     err = capsys.readouterr().err
     assert "agent.rollout: tool failed: " + SHOWN in err and "\x1b" not in err
+
+
+def test_a_warning_without_verbose_is_written_escaped():
+    """Not verbose, a warning goes through logging's last resort: a tool name the policy made
+    up, or its traceback, is shown escaped there too (a process of its own: pytest installs a
+    handler, so the last resort never runs here)."""
+    code = (
+        "import logging; from retrograd.observe.log import configure_logging\n"
+        "configure_logging(False)\n"
+        f"try:\n    raise ValueError({HOSTILE!r})\n"
+        "except ValueError:\n"
+        f"    logging.getLogger('retrograd.agent.rollout').warning('tool %s raised', {HOSTILE!r}, exc_info=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(SHOWN) == 2, done.stderr
+    assert "\x1b" not in done.stderr and "\x9b" not in done.stderr
