@@ -139,7 +139,7 @@ class Worker:
         text = None if job.on_text is None else (lambda _answer, delta: job.on_text(delta))
         try:
             job.entry = self.batch.add(job.request, text, lambda answers: self._done(job, answers))
-        except ValueError as e:
+        except Exception as e:  # answered to this client; the thread lives on for the others
             job.on_error(e)
             return
         if job.entry.left:  # not answered at once (no answers asked)

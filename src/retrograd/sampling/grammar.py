@@ -5,8 +5,8 @@ rules of alternatives, an alternative a sequence of byte classes and rule refere
 state is a frozenset of stacks; a stack is a tuple of (alternative, position) pairs, top last,
 each naming the next element to match, and the top always a byte class once expanded. Feeding
 a byte keeps the stacks whose top class holds it, steps past it and expands rule references
-into each of their alternatives (no left recursion, so expansion ends). The empty stack means
-the whole input matched: `accepts`. `done` means nothing more may follow. Steps are memoized by
+into each of their alternatives (left recursion is refused when a schema is compiled, so
+expansion ends). The empty stack means the whole input matched: `accepts`. `done` means nothing more may follow. Steps are memoized by
 (state, byte), so a loop (the characters of a string) costs one dictionary lookup per byte.
 
 `json_schema_grammar(schema)` compiles the subset of JSON Schema that structured-output APIs
@@ -22,7 +22,10 @@ is bounded (llama.cpp's: nothing, one space, or one or two newlines and up to 20
 tabs), and so are digits, so a model cannot fill its budget with them. Strings take any bytes
 but quotes, backslashes and control characters, plus JSON escapes; bytes of multi-byte
 characters are not checked as UTF-8 (a stray byte decodes to U+FFFD, still a JSON string).
-Knows nothing about tokens or tensors.
+A schema is a client's: left recursion, more than MAX_RULES rules, or a start of more than
+MAX_STACKS parse stacks is a SchemaError, and expansion is iterative and deduplicated (a chain
+of two-way choices to one place costs its distinct stacks, not 2^n paths). Knows nothing about
+tokens or tensors.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ MAX_WS_INDENT = 20  # spaces or tabs after a newline
 MAX_INT_DIGITS = 16  # after the leading one, as llama.cpp's integral-part
 MAX_FRACTION_DIGITS = 16
 MEMO_LIMIT = 1 << 20  # memoized steps kept before the memo is cleared
+MAX_RULES = 1 << 17  # a compiled schema's rules: a client's schema must not take gigabytes
+MAX_STACKS = 1 << 15  # parse stacks one state may hold: a schema ambiguous past it is refused
 
 IGNORED = frozenset(
     {
@@ -59,6 +64,10 @@ class SchemaError(ValueError):
     """A schema this compiler cannot turn into a grammar; the message names the place."""
 
 
+class GrammarTooLarge(ValueError):
+    """A grammar past MAX_RULES rules, or a state past MAX_STACKS stacks."""
+
+
 def byte_class(*spans: tuple[int, int] | int) -> frozenset[int]:
     out: set[int] = set()
     for s in spans:
@@ -76,7 +85,9 @@ DIGIT = byte_class((0x30, 0x39))
 class Grammar:
     """Rules of alternatives over bytes; `start` is the initial state."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_rules: int | None = None) -> None:
+        self.max_rules = max_rules
+        self._start: State | None = None
         self.alts: list[tuple] = []  # each: a tuple of elements (frozenset bytes or int rule)
         self.rules: list[list[int]] = []  # rule -> its alternatives' indices
         self._memo: dict[tuple[State, int], State] = {}
@@ -89,6 +100,8 @@ class Grammar:
 
     def rule(self) -> int:
         """A new rule without alternatives yet (so that rules can refer to each other)."""
+        if self.max_rules is not None and len(self.rules) >= self.max_rules:
+            raise GrammarTooLarge(f"more than {self.max_rules} grammar rules")
         self.rules.append([])
         return len(self.rules) - 1
 
@@ -115,47 +128,98 @@ class Grammar:
     @property
     def start(self) -> State:
         assert self.root is not None, "a grammar needs its root rule"
-        return frozenset(self._expand((), self.root))
+        if self._start is None:
+            self._start = self._closure(
+                [((a, 0),) if self.alts[a] else () for a in self.rules[self.root]]
+            )
+        return self._start
 
-    def _expand(self, rest: Stack, rule: int):
-        """The stacks of `rest` continued by each alternative of `rule`, expanded."""
-        for a in self.rules[rule]:
-            if self.alts[a]:
-                yield from self._settle(rest + ((a, 0),))
-            else:
-                yield from self._settle(rest)
-
-    def _settle(self, stack: Stack):
-        """Expand rule references at the top until a byte class is there (or nothing is)."""
-        if not stack:
-            yield stack
-            return
-        a, p = stack[-1]
-        element = self.alts[a][p]
-        if isinstance(element, frozenset):
-            yield stack
-            return
-        rest = stack[:-1] + (((a, p + 1),) if p + 1 < len(self.alts[a]) else ())
-        yield from self._expand(rest, element)
+    def _closure(self, stacks) -> State:
+        """The stacks expanded: rule references at the top replaced by each alternative of
+        their rule until a byte class is there (or nothing is). Iterative and deduplicated, so
+        a chain of rules with two ways to each next one costs its distinct stacks, not 2^n;
+        GrammarTooLarge past MAX_STACKS of them (left recursion, refused when a schema is
+        compiled, would otherwise grow stacks forever)."""
+        out: set[Stack] = set()
+        seen: set[Stack] = set()
+        work = list(stacks)
+        while work:
+            stack = work.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            if len(seen) > MAX_STACKS:
+                raise GrammarTooLarge(f"a parse state of more than {MAX_STACKS} stacks")
+            if not stack:
+                out.add(stack)
+                continue
+            a, p = stack[-1]
+            element = self.alts[a][p]
+            if isinstance(element, frozenset):
+                out.add(stack)
+                continue
+            rest = stack[:-1] + (((a, p + 1),) if p + 1 < len(self.alts[a]) else ())
+            work.extend(rest + ((b, 0),) if self.alts[b] else rest for b in self.rules[element])
+        return frozenset(out)
 
     def step(self, state: State, byte: int) -> State:
         """The state after one byte; empty when the byte is not allowed."""
         key = (state, byte)
         out = self._memo.get(key)
         if out is None:
-            nxt: set[Stack] = set()
+            rests = []
             for stack in state:
                 if not stack:
                     continue
                 a, p = stack[-1]
                 if byte in self.alts[a][p]:
-                    rest = stack[:-1] + (((a, p + 1),) if p + 1 < len(self.alts[a]) else ())
-                    nxt.update(self._settle(rest))
-            out = frozenset(nxt)
+                    rests.append(stack[:-1] + (((a, p + 1),) if p + 1 < len(self.alts[a]) else ()))
+            out = self._closure(rests)
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = out
         return out
+
+    def left_cycle(self) -> int | None:
+        """A rule that can reach itself before any byte (left recursion: expanding it would
+        never end), or None. Rules that can match nothing are followed through."""
+        nullable: set[int] = set()
+        changed = True
+        while changed:  # the rules that can match the empty text
+            changed = False
+            for r, alts in enumerate(self.rules):
+                if r not in nullable and any(
+                    all(isinstance(e, int) and e in nullable for e in self.alts[a]) for a in alts
+                ):
+                    nullable.add(r)
+                    changed = True
+        first: list[set[int]] = [set() for _ in self.rules]  # rules reached before a byte
+        for r, alts in enumerate(self.rules):
+            for a in alts:
+                for e in self.alts[a]:
+                    if not isinstance(e, int):
+                        break
+                    first[r].add(e)
+                    if e not in nullable:
+                        break
+        color = [0] * len(self.rules)  # 0 new, 1 on the path, 2 done
+        for root in range(len(self.rules)):
+            if color[root]:
+                continue
+            path = [(root, iter(first[root]))]
+            color[root] = 1
+            while path:
+                r, edges = path[-1]
+                nxt = next(edges, None)
+                if nxt is None:
+                    color[r] = 2
+                    path.pop()
+                elif color[nxt] == 1:
+                    return nxt
+                elif color[nxt] == 0:
+                    color[nxt] = 1
+                    path.append((nxt, iter(first[nxt])))
+        return None
 
     def feed(self, state: State, data: bytes) -> State:
         for b in data:
@@ -201,13 +265,29 @@ def json_schema_grammar(schema: Any) -> Grammar:
     None (or {}) admits any object, as response_format json_object does."""
     if schema is None:
         schema = {"type": "object"}
-    return _JsonCompiler(schema).g
+    try:
+        compiler = _JsonCompiler(schema)
+    except GrammarTooLarge as e:
+        raise SchemaError(
+            f"schema: compiles to {e} (fewer properties, or lower maxLength, maxItems bounds)"
+        ) from None
+    g = compiler.g
+    cycle = g.left_cycle()
+    if cycle is not None:  # llama.cpp refuses it too: expanding it would never end
+        refs = [ref for ref, rule in compiler._refs.items() if rule == cycle]
+        named = f"{refs[0]} refers" if refs else "a part refers"
+        raise SchemaError(f"schema: {named} to itself before any text (left recursion)")
+    try:
+        g.start  # noqa: B018 (computed once here, under its bound, not in a request's row)
+    except GrammarTooLarge as e:
+        raise SchemaError(f"schema: too ambiguous: {e} at its start") from None
+    return g
 
 
 class _JsonCompiler:
     def __init__(self, schema: Any) -> None:
         self.doc = schema
-        self.g = Grammar()
+        self.g = Grammar(max_rules=MAX_RULES)
         g = self.g
         indent = g.define(())
         for _ in range(MAX_WS_INDENT):

@@ -219,6 +219,42 @@ def test_a_deeply_nested_body_is_a_400_in_openai_shape(chat_format):
             assert "deep" in r.json()["error"]["message"], r.text  # deeper than 64, too deeply
 
 
+def test_a_guided_schema_that_would_hang_the_server_is_a_400_and_the_server_answers_on(chat_format):
+    """A schema referring to itself before any text (it killed the generation thread), one
+    of 2^40 ways to one stack (it froze every route), one of 4 million rules (a gigabyte
+    each): each a 400 naming guided_json, and the next plain request is answered."""
+    app, _ = make(chat_format)
+    chain = {"d0": {"type": "string"}}
+    for i in range(1, 41):
+        chain[f"d{i}"] = {"anyOf": [{"$ref": f"#/$defs/d{i - 1}"}] * 2}
+    big = {f"p{i}": {"type": "string", "maxLength": 4096} for i in range(1000)}
+    with serving(app) as url:
+        for schema, why in [
+            ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "refers to itself"),
+            ({"type": "object", "properties": big}, "more than 131072 grammar rules"),
+        ]:
+            r = httpx.post(
+                url + "/chat/completions",
+                json={"model": "tuned", "messages": HI, "guided_json": schema},
+                timeout=60,
+            )
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == "guided_json" and why in error["message"], error
+        r = httpx.post(
+            url + "/chat/completions",
+            json={
+                "model": "tuned",
+                "messages": HI,
+                "guided_json": {"$defs": chain, "$ref": "#/$defs/d40"},
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        answer = sdk(url).chat.completions.create(model="tuned", messages=HI, max_tokens=2)
+        assert answer.choices[0].message.content is not None
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "seed", "temperature"])
 def test_a_boolean_is_not_a_number(chat_format, field):
     app, _ = make(chat_format)

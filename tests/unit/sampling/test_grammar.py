@@ -245,3 +245,64 @@ def test_the_judges_guided_schemas_admit_only_parseable_replies():
     assert parse_pairwise(json.loads('{"winner": "b", "explanation": ""}')) == "b"
     assert accepts(pair, '{"winner": "b", "explanation": "' + "x" * 240 + '"}')
     assert not accepts(pair, '{"winner": "b", "explanation": "' + "x" * 241 + '"}')
+
+
+def _chain(k: int) -> dict:
+    """d_k is d_{k-1} or d_{k-1}: 2^k ways down to one string, each the same stack."""
+    defs = {"d0": {"type": "string"}}
+    for i in range(1, k + 1):
+        defs[f"d{i}"] = {"anyOf": [{"$ref": f"#/$defs/d{i - 1}"}] * 2}
+    return {"$defs": defs, "$ref": f"#/$defs/d{k}"}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"},
+        {
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "$ref": "#/$defs/a",
+        },
+    ],
+)
+def test_a_schema_that_refers_to_itself_before_any_text_is_refused(schema):
+    """Left recursion: expanding it never ends (it was a RecursionError in the server's
+    generation thread, which then answered nobody again). llama.cpp refuses it too."""
+    with pytest.raises(SchemaError, match=r"^schema: #/\$defs/\w refers to itself before any text"):
+        json_schema_grammar(schema)
+
+
+def test_recursion_after_text_and_many_ways_to_one_stack_stay_cheap():
+    """A tree refers to itself inside brackets (fine); a chain of 60 two-way choices has 2^60
+    paths to one stack and costs 60 (it took 7 s at 20 links, doubling with each)."""
+    tree = {
+        "$defs": {
+            "n": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                },
+                "required": ["v"],
+            }
+        },
+        "$ref": "#/$defs/n",
+    }
+    g = json_schema_grammar(tree)
+    assert Grammar.accepts(g.feed(g.start, b'{"v": 1, "kids": [{"v": 2, "kids": []}]}'))
+    g = json_schema_grammar(_chain(60))
+    assert len(g.start) == 1 and Grammar.accepts(g.feed(g.start, b'"x"'))
+    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(800)}}
+    g = json_schema_grammar(many)  # 800 optional properties: a deep chain, no RecursionError
+    assert Grammar.accepts(g.feed(g.start, b'{"p0": 1, "p799": 2}'))
+
+
+def test_a_schema_that_compiles_past_the_rule_bound_is_refused():
+    """1,000 strings of maxLength 4096 built 4 million rules: 11 s and a gigabyte a request."""
+    big = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "maxLength": 4096} for i in range(1000)},
+    }
+    with pytest.raises(SchemaError, match=r"^schema: compiles to more than 131072 grammar rules"):
+        json_schema_grammar(big)
