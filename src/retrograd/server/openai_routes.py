@@ -277,8 +277,13 @@ class ChatCompletions:
         """The live run's answer, as JSON or (stream) as one piece of server-sent events."""
         try:
             waiting = self.runs.ask(target.run, "chat", data)
-        except Problem as problem:
-            raise ApiError(409, f"model {target.model_id!r}: {problem.detail}", "model") from None
+        except Problem as problem:  # 409: not live; 429: too many asks waiting already
+            raise ApiError(
+                problem.status,
+                f"model {target.model_id!r}: {problem.detail}",
+                "model",
+                headers=problem.headers or None,
+            ) from None
         try:
             reply = await asyncio.wait_for(asyncio.wrap_future(waiting), self.timeout)
         except TimeoutError:

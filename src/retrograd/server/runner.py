@@ -26,6 +26,8 @@ from retrograd.server.problems import Problem
 from retrograd.server.store import TERMINAL, RunRecord, RunStore
 
 LIVE = ("starting", "running", "paused", "pausing")  # a process that reaches boundaries
+MAX_ASKS = 8  # requests a live run answers at its boundaries, waiting at once (a timed-out
+# one still counts until the run answers it: the run does the work either way)
 
 
 @dataclass
@@ -247,6 +249,14 @@ class Runs:
             if record.status not in LIVE:
                 raise Problem("conflict", f"run {record.id} is {record.status}: nothing answers")
             live = self._live(record, "ask")
+            pending = sum(not f.done() for f in live.answers.values())
+            if pending >= MAX_ASKS:  # each is answered inside the training loop, one at a time
+                raise Problem(
+                    "too-many-requests",
+                    f"run {record.id} has {pending} requests waiting for its next boundary "
+                    f"(at most {MAX_ASKS}); try again when they are answered",
+                    headers={"Retry-After": "5"},
+                )
             request_id = uuid.uuid4().hex
             waiting: Future = Future()
             live.answers[request_id] = waiting
