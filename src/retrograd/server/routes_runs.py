@@ -525,7 +525,7 @@ def _check_rate(run_id: str, cfg) -> None:
 class GenerateRequest(BaseModel):
     """POST /v1/runs/{id}/generate (formats.md §9.3)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "7" is not 7, true not 1.0
 
     prompt: str = Field(min_length=1)
     chat: bool = True

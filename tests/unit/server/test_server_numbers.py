@@ -142,3 +142,17 @@ def test_a_runs_value_that_is_not_finite_is_answered_as_null(client):
         json.loads(json.dumps(event, allow_nan=False))  # every event is JSON
     events = client.get(f"/v1/runs/{run}/events").text
     assert "NaN" not in events and "Infinity" not in events
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ('{"prompt": "a", "temperature": true}', "/temperature"),
+        ('{"prompt": "a", "max_new_tokens": "7"}', "/max_new_tokens"),
+        ('{"prompt": "a", "chat": "no"}', "/chat"),
+    ],
+)
+def test_generate_takes_its_types_strictly_as_serve_does(client, body, where):
+    """A boolean is not 1.0 and "7" is not 7 (serve's own requests refuse them too)."""
+    doc = depth.invalid_request(client, "POST", f"/v1/runs/{RUN}/generate", JSON, body)
+    assert [e["pointer"] for e in doc["errors"]] == [where], doc
