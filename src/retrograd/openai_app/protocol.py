@@ -80,6 +80,8 @@ def check_supported(req: ChatRequest) -> None:
     """Refuse, naming the field, what this server does not do."""
 
     def refuse(field: str, why: str):
+        if len(why) > 200:  # what the client sent, quoted: not echoed back by the megabyte
+            why = why[:200] + "…"
         raise ApiError(
             400, f"{field}: {why} is not supported by retrograd serve", field, "unsupported_value"
         )

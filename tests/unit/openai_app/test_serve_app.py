@@ -255,6 +255,20 @@ def test_a_guided_schema_that_would_hang_the_server_is_a_400_and_the_server_answ
         assert answer.choices[0].message.content is not None
 
 
+def test_a_refusal_quotes_what_was_sent_without_echoing_megabytes(chat_format):
+    app, _ = make(chat_format)
+    choice = {"type": "function", "function": {"name": "x" * 1_000_000}}
+    with serving(app) as url:
+        r = httpx.post(
+            url + "/chat/completions",
+            json={"model": "tuned", "messages": HI, "tool_choice": choice},
+            timeout=60,
+        )
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["param"] == "tool_choice" and len(error["message"]) < 400, len(r.text)
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "seed", "temperature"])
 def test_a_boolean_is_not_a_number(chat_format, field):
     app, _ = make(chat_format)
