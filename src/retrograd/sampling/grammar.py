@@ -6,8 +6,9 @@ state is a frozenset of stacks; a stack is a tuple of (alternative, position) pa
 each naming the next element to match, and the top always a byte class once expanded. Feeding
 a byte keeps the stacks whose top class holds it, steps past it and expands rule references
 into each of their alternatives (left recursion is refused when a schema is compiled, so
-expansion ends). The empty stack means the whole input matched: `accepts`. `done` means nothing more may follow. Steps are memoized by
-(state, byte), so a loop (the characters of a string) costs one dictionary lookup per byte.
+expansion ends). The empty stack means the whole input matched: `accepts`. `done` means
+nothing more may follow. Steps are memoized by (state, byte), so a loop (the characters of a
+string) costs one dictionary lookup per byte.
 
 `json_schema_grammar(schema)` compiles the subset of JSON Schema that structured-output APIs
 use (as llama.cpp's json-schema-to-grammar does): type (one or a list), properties, required
