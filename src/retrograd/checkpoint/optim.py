@@ -72,18 +72,12 @@ def restore_optimizer(
             f"(for example {', '.join(missing) or 'their order'})"
         )
     index = {n: i for i, n in enumerate(names)}
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for s in state.slots:
-        # NOTE: load_state_dict checks neither; a checkpoint may be anyone's
+        # NOTE: load_state_dict does not check it; a checkpoint may be anyone's. A slot's
+        # shape is the optimizer's business (Gefen keeps factored moments), not checked here.
         if s.owner not in index:
             raise CheckpointError(f"cannot resume: optimizer state for {s.owner!r}, not trained")
-        shape = tuple(params[index[s.owner]].shape) if len(params) == len(names) else None
-        if shape is not None and tuple(s.shape) not in ((), shape):
-            raise CheckpointError(
-                f"cannot resume: optimizer state {s.owner}/{s.slot} is of shape "
-                f"{tuple(s.shape)}, its parameter's {shape}"
-            )
         per_param.setdefault(index[s.owner], {})[s.slot] = _tensor(s)
     groups = []
     for g in state.groups:
