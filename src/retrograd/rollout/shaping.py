@@ -92,6 +92,7 @@ def apply_overlong_penalty(
             r.penalty = overlong_penalty(r.n_tokens, max_new_tokens, buffer_tokens, max_penalty)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # overflow is named (_refuse_overflow)
 def assign_advantages(
     groups: list[Group],
     baseline: str,
@@ -107,45 +108,44 @@ def assign_advantages(
     agentic GRPO adds truncated), and answers without a reward (marked unscored here), are
     left out of the baseline. Raises RewardError when a reward, or its group's arithmetic,
     is not finite (each part was: their sum overflowed)."""
-    # Overflow is checked where it matters (_check_finite, the advantages) and named there.
-    with np.errstate(over="ignore", invalid="ignore"):
-        scored_groups = zero_groups = 0
-        for g in groups:
-            for r in g.members:
-                r.advantage = 0.0
-                if r.reward is None:
-                    r.skip_reason = r.skip_reason or "unscored"
-            scored = [r for r in g.members if r.skip_reason not in not_in_baseline]
-            if not scored:
-                continue
-            scored_groups += 1
-            rewards = np.array([r.reward for r in scored], dtype=np.float64)
-            _check_finite(g, scored, rewards)
-            if zero_signal(rewards):
-                zero_groups += 1
-                g.skip("zero_signal")
-                continue
-            advantages = group_advantages(rewards, baseline)
-            if not np.isfinite(advantages).all():  # finite rewards whose sum overflows float64
-                raise RewardError(
-                    f"update {g.update}, group {g.index}: the rewards {rewards.tolist()} overflow "
-                    f"their group's mean: scale the rewards down"
-                )
-            for r, adv in zip(scored, advantages, strict=True):
-                r.advantage = float(adv)
-                if mask_truncated and r.truncated:
-                    r.skip_reason = r.skip_reason or "truncated"
-        members = [r for g in groups for r in g.members]
-        trained = [r.advantage for r in members if r.eligible]
-        return {
-            "zero_std_group_fraction": zero_groups / scored_groups if scored_groups else 0.0,
-            "advantage_abs_mean": float(np.mean(np.abs(trained))) if trained else 0.0,
-            "advantage_std": float(np.std(trained)) if trained else 0.0,
-            "trained_fraction": len(trained) / len(members) if members else 0.0,
-        }
+    scored_groups = zero_groups = 0
+    for g in groups:
+        for r in g.members:
+            r.advantage = 0.0
+            if r.reward is None:
+                r.skip_reason = r.skip_reason or "unscored"
+        scored = [r for r in g.members if r.skip_reason not in not_in_baseline]
+        if not scored:
+            continue
+        scored_groups += 1
+        rewards = np.array([r.reward for r in scored], dtype=np.float64)
+        if not np.isfinite(rewards).all():
+            _refuse_overflow(g, scored, rewards)
+        if zero_signal(rewards):
+            zero_groups += 1
+            g.skip("zero_signal")
+            continue
+        advantages = group_advantages(rewards, baseline)
+        if not np.isfinite(advantages).all():  # finite rewards whose sum overflows float64
+            raise RewardError(
+                f"update {g.update}, group {g.index}: the rewards {rewards.tolist()} overflow "
+                f"their group's mean: scale the rewards down"
+            )
+        for r, adv in zip(scored, advantages, strict=True):
+            r.advantage = float(adv)
+            if mask_truncated and r.truncated:
+                r.skip_reason = r.skip_reason or "truncated"
+    members = [r for g in groups for r in g.members]
+    trained = [r.advantage for r in members if r.eligible]
+    return {
+        "zero_std_group_fraction": zero_groups / scored_groups if scored_groups else 0.0,
+        "advantage_abs_mean": float(np.mean(np.abs(trained))) if trained else 0.0,
+        "advantage_std": float(np.std(trained)) if trained else 0.0,
+        "trained_fraction": len(trained) / len(members) if members else 0.0,
+    }
 
 
-def _check_finite(g: Group, scored: list, rewards: np.ndarray) -> None:
+def _refuse_overflow(g: Group, scored: list, rewards: np.ndarray) -> None:
     """Raises RewardError naming the first answer whose reward (the program's, plus the judge's
     term, minus the overlong penalty: each finite) overflowed to inf or NaN."""
     for r, value in zip(scored, rewards, strict=True):

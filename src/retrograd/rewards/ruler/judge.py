@@ -36,6 +36,7 @@ from retrograd.rewards.ruler.prompt import (
     PAIRWISE_RUBRIC,
     PAIRWISE_SCHEMA,
     Candidate,
+    call_function,
     elide,
     fit,
     guided_listwise_schema,
@@ -353,16 +354,15 @@ def _transcript(messages: list[dict]) -> str:
         content = m.get("content") if isinstance(m.get("content"), str) else ""
         line: dict = {"role": str(m.get("role", "?")), "content": content}
         calls = m.get("tool_calls") if isinstance(m.get("tool_calls"), list) else []
-        named = [_call_name(c) for c in calls]
+        named = [_call_name(call_function(c)) for c in calls]
         if named:
             line["calls"] = named
         lines.append(quoted(line))
     return "\n".join(lines)
 
 
-def _call_name(call: object) -> str:
-    fn = call.get("function") if isinstance(call, dict) else None
-    name = fn.get("name") if isinstance(fn, dict) else None
+def _call_name(fn: dict | None) -> str:
+    name = fn.get("name") if fn is not None else None
     return name if isinstance(name, str) else "?"
 
 

@@ -169,6 +169,13 @@ def _joined(message: dict) -> dict:
 NAME_CHARS = 64  # a tool's name as the judge sees it: OpenAI's own limit on function names
 
 
+def call_function(call: Any) -> dict | None:
+    """A tool call's {"name", "arguments"} object, or None for a call without one (the
+    trajectory may hold anything the policy wrote)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    return fn if isinstance(fn, dict) else None
+
+
 def _fit_calls(calls: Any, ctx: JudgeContext) -> tuple[Any, bool]:
     """Tool calls with each one's name elided to NAME_CHARS and their arguments (as JSON
     text) sharing max_message_chars: with n calls in the message, each gets 1/n of it."""
@@ -177,8 +184,8 @@ def _fit_calls(calls: Any, ctx: JudgeContext) -> tuple[Any, bool]:
     share = max(ctx.max_message_chars // len(calls), 1)
     out, cut = [], False
     for call in calls:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict):
+        fn = call_function(call)
+        if fn is not None:
             fitted = dict(fn)
             name = fn.get("name")
             if isinstance(name, str) and len(name) > NAME_CHARS:
@@ -202,13 +209,11 @@ def _calls_size(message: dict) -> int:
     if not isinstance(calls, list):
         return 0
     size = 0
-    for call in calls:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict):
-            for key in ("name", "arguments"):
-                value = fn.get(key)
-                if value is not None:
-                    size += len(value) if isinstance(value, str) else len(quoted(value))
+    for fn in filter(None, map(call_function, calls)):
+        for key in ("name", "arguments"):
+            value = fn.get(key)
+            if value is not None:
+                size += len(value) if isinstance(value, str) else len(quoted(value))
     return size
 
 
@@ -267,7 +272,8 @@ def fit(messages: list[dict], ctx: JudgeContext) -> tuple[list[dict], bool]:
 
     A content given as parts counts as its text parts joined (other parts as "[type]"); a
     message's tool calls share max_message_chars for their arguments (names elided to
-    NAME_CHARS), and their names and arguments count toward the trajectory's total. The request budget is the strategy's business (it decides chunking
+    NAME_CHARS), and their names and arguments count toward the trajectory's total. The
+    request budget is the strategy's business (it decides chunking
     from the rendered prompt's length).
     """
     elided = False
