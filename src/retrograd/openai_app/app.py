@@ -99,9 +99,7 @@ def create_app(
         proto.check_supported(req)
         known(req.model)
         tools = proto.tools_for_prompt(req)
-        # NOTE: off the event loop: rendering and tokenizing a 4 MiB prompt, or compiling a
-        # schema, takes seconds that every other route would wait
-        sample = await asyncio.to_thread(sample_request, loaded, req, tools)
+        sample = sample_request(loaded, req, tools)
         parse = loaded.chat.parse if tools else None
         if req.stream:
             include_usage = bool((req.stream_options or {}).get("include_usage"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -113,7 +112,6 @@ def check_supported(req: ChatRequest) -> None:
 
 _GRAMMARS: OrderedDict[str, Grammar] = OrderedDict()  # compiled schemas, most recent last
 MAX_GRAMMARS = 32
-_GRAMMARS_LOCK = threading.Lock()
 
 
 def guided_grammar(req: ChatRequest) -> Grammar | None:
@@ -132,19 +130,18 @@ def guided_grammar(req: ChatRequest) -> Grammar | None:
                 400, f"guided_json: not JSON ({e})", "guided_json", "invalid_value"
             ) from None
     key = json.dumps(schema, sort_keys=True)
-    with _GRAMMARS_LOCK:  # requests are prepared on worker threads (app.py)
-        grammar = _GRAMMARS.get(key)
-        if grammar is None:
-            try:
-                grammar = json_schema_grammar(schema)
-            except SchemaError as e:
-                message = str(e).replace("schema", "guided_json", 1)
-                raise ApiError(400, message, "guided_json", "invalid_value") from None
-            _GRAMMARS[key] = grammar
-            if len(_GRAMMARS) > MAX_GRAMMARS:
-                _GRAMMARS.popitem(last=False)
-        _GRAMMARS.move_to_end(key)
-        return grammar
+    grammar = _GRAMMARS.get(key)
+    if grammar is None:
+        try:
+            grammar = json_schema_grammar(schema)
+        except SchemaError as e:
+            message = str(e).replace("schema", "guided_json", 1)
+            raise ApiError(400, message, "guided_json", "invalid_value") from None
+        _GRAMMARS[key] = grammar
+        if len(_GRAMMARS) > MAX_GRAMMARS:
+            _GRAMMARS.popitem(last=False)
+    _GRAMMARS.move_to_end(key)
+    return grammar
 
 
 def stop_strings(req: ChatRequest) -> tuple[str, ...]:

@@ -255,40 +255,6 @@ def test_a_guided_schema_that_would_hang_the_server_is_a_400_and_the_server_answ
         assert answer.choices[0].message.content is not None
 
 
-def test_preparing_a_request_does_not_hold_the_other_routes(chat_format, monkeypatch):
-    """Rendering and tokenizing a 4 MiB prompt, or compiling a schema, takes seconds: it runs
-    off the event loop, so /v1/models answers while a request is being prepared."""
-    import threading
-
-    from retrograd.openai_app import app as app_module
-
-    app, _ = make(chat_format)
-    entered, release = threading.Event(), threading.Event()
-    prepare = app_module.sample_request
-
-    def slow(*args):
-        entered.set()
-        assert release.wait(30), "never released"
-        return prepare(*args)
-
-    monkeypatch.setattr(app_module, "sample_request", slow)
-    with serving(app) as url:
-        out: list = []
-        asking = threading.Thread(
-            target=lambda: out.append(
-                httpx.post(
-                    url + "/chat/completions", json={"model": "tuned", "messages": HI}, timeout=60
-                )
-            )
-        )
-        asking.start()
-        assert entered.wait(30)
-        assert httpx.get(url + "/models", timeout=10).status_code == 200  # while it prepares
-        release.set()
-        asking.join(60)
-    assert out and out[0].status_code == 200, out
-
-
 def test_a_refusal_quotes_what_was_sent_without_echoing_megabytes(chat_format):
     app, _ = make(chat_format)
     choice = {"type": "function", "function": {"name": "x" * 1_000_000}}
